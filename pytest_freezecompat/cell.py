@@ -1,0 +1,71 @@
+"""A matrix cell: its key, and everything a rank needs to run it.
+
+The cell is the one message that crosses from the controller to the ranks, so
+it is plain data (dataclasses of str/int/float/tuples) and knows nothing of
+pytest or of any framework.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .freeze import FreezePattern
+
+KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze")
+ID_SEPARATOR = "/"
+
+
+@dataclass(frozen=True, order=True)
+class CellKey:
+    model: str
+    framework: str
+    plugin: str
+    init: str
+    checkpoint: str
+    freeze: str
+
+    @property
+    def id(self) -> str:
+        return ID_SEPARATOR.join(getattr(self, axis) for axis in KEY_AXES)
+
+    def as_dict(self) -> dict[str, str]:
+        return {axis: getattr(self, axis) for axis in KEY_AXES}
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Pinned training hyperparameters; weight decay > 0 so a spurious zero grad moves a param."""
+
+    lr: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    max_norm: float = 1.0
+    steps: int = 2
+    seed: int = 1234
+    batch_per_rank: int = 2
+
+
+@dataclass(frozen=True)
+class Cell:
+    key: CellKey
+    environment: str
+    adapter: str
+    world_size: int
+    device: str
+    pattern: FreezePattern
+    groups: dict[str, tuple[str, ...]]
+    precision: str = "fp32"
+    emulation: bool = False
+    options: dict[str, object] = field(default_factory=dict)
+    hyper: Hyper = field(default_factory=Hyper)
+    skip: str | None = None
+    known_issue: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.key.id
+
+    def summary(self) -> dict[str, object]:
+        return {**asdict(self.key), "id": self.id, "environment": self.environment,
+                "world_size": self.world_size, "precision": self.precision, "emulation": self.emulation}

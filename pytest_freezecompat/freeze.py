@@ -1,0 +1,97 @@
+"""Freeze patterns as data: which parameters train, which the optimizer gets.
+
+A pattern names *groups* (`embedding`, `decoder`, `last_block`, ...); each model
+maps groups to parameter-name globs in the matrix file. Resolving a pattern
+against a built model gives a `FreezePlan`: concrete original names, the one
+thing checks and adapters share.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from torch import nn
+
+ALL_GROUP = "all"
+
+
+@dataclass(frozen=True)
+class FreezePattern:
+    id: str
+    frozen: tuple[str, ...] = ()
+    trainable: tuple[str, ...] | None = None
+    optimizer: tuple[str, ...] | None = None
+    unused: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class FreezePlan:
+    """Original parameter names by role; `requires_grad` is True exactly for `trainable`."""
+
+    names: tuple[str, ...]
+    trainable: frozenset[str]
+    optimized: frozenset[str]
+    unused: frozenset[str]
+
+    @property
+    def frozen(self) -> frozenset[str]:
+        return frozenset(self.names) - self.trainable
+
+    @property
+    def expect_grad(self) -> frozenset[str]:
+        """Params that must end a backward with a gradient."""
+        return self.trainable - self.unused
+
+    @property
+    def should_move(self) -> frozenset[str]:
+        return self.optimized & self.expect_grad
+
+
+class PatternError(ValueError):
+    pass
+
+
+def _names_in_groups(groups: Iterable[str], group_globs: Mapping[str, Iterable[str]],
+                     names: Iterable[str], pattern_id: str) -> set[str]:
+    names = list(names)
+    selected: set[str] = set()
+    for group in groups:
+        if group == ALL_GROUP:
+            selected.update(names)
+            continue
+        if group not in group_globs:
+            raise PatternError(
+                f"freeze pattern {pattern_id!r} names group {group!r}; the model defines: "
+                f"{', '.join(sorted(group_globs))}"
+            )
+        for glob in group_globs[group]:
+            hits = fnmatch.filter(names, glob)
+            if not hits:
+                raise PatternError(f"freeze pattern {pattern_id!r}: glob {glob!r} of group {group!r} matches no parameter")
+            selected.update(hits)
+    return selected
+
+
+def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], names: Iterable[str]) -> FreezePlan:
+    names = tuple(names)
+    if pattern.trainable is not None:
+        trainable = _names_in_groups(pattern.trainable, group_globs, names, pattern.id)
+    else:
+        trainable = set(names) - _names_in_groups(pattern.frozen, group_globs, names, pattern.id)
+    optimized = (
+        _names_in_groups(pattern.optimizer, group_globs, names, pattern.id)
+        if pattern.optimizer is not None
+        else trainable
+    )
+    unused = _names_in_groups(pattern.unused, group_globs, names, pattern.id)
+    return FreezePlan(names, frozenset(trainable), frozenset(optimized), frozenset(unused))
+
+
+def apply(plan: FreezePlan, model: nn.Module) -> None:
+    """Set `requires_grad` on the bare model, before any wrapper sees it."""
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in plan.trainable)

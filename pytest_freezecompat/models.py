@@ -1,0 +1,163 @@
+"""Tiny reference models, built in code from a seed (no hub, no download).
+
+`tiny-gpt` is GPT-shaped on purpose: token and position embeddings, a stack of
+pre-norm blocks, a final norm and an output head that is *not* tied to the
+embedding, so that every freeze pattern of the matrix names a distinct set of
+parameters. Two optional features exist only for the patterns that need them:
+LoRA adapters on the attention projections and a vision branch that a
+text-only batch never reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+CHECKPOINT_MODES = ("none", "reentrant", "non-reentrant")
+
+
+@dataclass(frozen=True)
+class TinyGPTConfig:
+    vocab: int = 64
+    dim: int = 16
+    heads: int = 2
+    layers: int = 3
+    seq: int = 8
+    lora_rank: int = 0
+    vision: bool = False
+    vision_dim: int = 12
+
+
+class LoRALinear(nn.Module):
+    """A frozen-able base projection plus a trainable low-rank update (as peft does)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int) -> None:
+        super().__init__()
+        self.base = nn.Linear(in_features, out_features)
+        self.lora_a = nn.Parameter(torch.empty(rank, in_features))
+        self.lora_b = nn.Parameter(torch.empty(out_features, rank))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # FSDP1 calls this when it materializes a meta module; lora_b is small but
+        # non-zero so that lora_a gets a real gradient from the first step.
+        nn.init.normal_(self.lora_a, std=0.02)
+        nn.init.normal_(self.lora_b, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_a.t()) @ self.lora_b.t()
+
+
+def _linear(cfg: TinyGPTConfig, fan_in: int, fan_out: int, lora: bool) -> nn.Module:
+    return LoRALinear(fan_in, fan_out, cfg.lora_rank) if lora and cfg.lora_rank else nn.Linear(fan_in, fan_out)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TinyGPTConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.ln1 = nn.LayerNorm(cfg.dim)
+        self.qkv = _linear(cfg, cfg.dim, 3 * cfg.dim, lora=True)
+        self.proj = _linear(cfg, cfg.dim, cfg.dim, lora=True)
+        self.ln2 = nn.LayerNorm(cfg.dim)
+        self.fc1 = nn.Linear(cfg.dim, 4 * cfg.dim)
+        self.fc2 = nn.Linear(4 * cfg.dim, cfg.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, cfg: TinyGPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
+        self.pos_emb = nn.Embedding(cfg.seq, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab)
+        if cfg.vision:
+            self.vision = nn.Sequential(
+                nn.Linear(cfg.vision_dim, cfg.dim), nn.GELU(), nn.Linear(cfg.dim, cfg.dim)
+            )
+        self.checkpoint_mode = "none"
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """Checkpoint every block the way Hugging Face models do it (inside forward)."""
+        if mode not in CHECKPOINT_MODES:
+            raise ValueError(f"unknown checkpoint mode {mode!r}; valid: {', '.join(CHECKPOINT_MODES)}")
+        self.checkpoint_mode = mode
+
+    def forward(self, tokens: torch.Tensor, pixels: torch.Tensor | None = None) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        if pixels is not None and self.cfg.vision:
+            x = x + self.vision(pixels).unsqueeze(1)
+        for block in self.blocks:
+            if self.checkpoint_mode == "none":
+                x = block(x)
+            else:
+                x = checkpoint(block, x, use_reentrant=self.checkpoint_mode == "reentrant")
+        return self.head(self.ln_f(x))
+
+
+def deterministic_values(seed: int, name: str, shape: torch.Size) -> torch.Tensor:
+    """Values for one parameter that depend only on (seed, name, shape).
+
+    Any rank, any device and any init order produce the same numbers, so eager,
+    meta and lazy init can be compared and a sharded model can fill its shard.
+    """
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") % (2**63))
+    if name.endswith(("ln1.weight", "ln2.weight", "ln_f.weight")):
+        return 1.0 + 0.1 * torch.randn(shape, generator=generator)
+    return 0.05 * torch.randn(shape, generator=generator)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int) -> None:
+    for name, param in model.named_parameters():
+        param.copy_(deterministic_values(seed, name, param.shape).to(param.device, param.dtype))
+
+
+MODELS = {"tiny-gpt": TinyGPT}
+
+
+def build(model_id: str, *, seed: int, lora: bool = False, vision: bool = False,
+          device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
+    """Build a reference model; `device="meta"` builds it without storage (deferred init)."""
+    if model_id not in MODELS:
+        raise KeyError(f"unknown model {model_id!r}; known: {', '.join(MODELS)}")
+    cfg = TinyGPTConfig(lora_rank=4 if lora else 0, vision=vision)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = MODELS[model_id](cfg)
+    if initialize and device != "meta":
+        init_weights(model, seed)
+    return model
+
+
+def make_batches(model_id: str, *, seed: int, steps: int, global_batch: int,
+                 vision: bool = False) -> list[dict[str, torch.Tensor]]:
+    """A fixed global batch per step; every rank takes its own rows of it."""
+    cfg = TinyGPTConfig(vision=vision)
+    generator = torch.Generator().manual_seed(seed + 7919)
+    batches = []
+    for _ in range(steps):
+        tokens = torch.randint(0, cfg.vocab, (global_batch, cfg.seq + 1), generator=generator)
+        batches.append({"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()})
+    return batches
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))

@@ -1,0 +1,220 @@
+"""Warm rank processes: start once, serve cell after cell, and survive hangs and crashes.
+
+A fresh launch costs seconds (torch alone ~1.3 s here, the big frameworks far
+more); a warm rank runs a cell in a fraction of that. Each cell gets its own
+rendezvous store (owned by the controller, listening on loopback only) and a
+fresh process group. A cell that hangs, crashes a rank or errors on one rank
+only ends with every rank's story; the pool is then killed (whole process
+groups, so framework helper processes go too) and restarted for the next cell.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+#: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
+STARTUP_TIMEOUT_S = 180.0
+#: After one rank reported an error, how long the others get to report theirs before we call them stuck.
+ERROR_GRACE_S = 5.0
+#: How long a rank gets to write its stack after SIGUSR1 before we read the file.
+STACK_DUMP_WAIT_S = 1.0
+#: How often the controller wakes to check for dead ranks while waiting.
+POLL_S = 0.2
+LOG_TAIL_LINES = 25
+
+
+class PoolError(RuntimeError):
+    """The pool could not be started: every cell it would serve fails the same way."""
+
+
+@dataclass
+class RankState:
+    rank: int
+    phase: str = "waiting for cell"
+    record: dict[str, Any] | None = None
+    exit: str | None = None
+    stack: str = ""
+    log_tail: str = ""
+
+
+@dataclass
+class CellRun:
+    """What the pool saw of one cell: per-rank records and, when it went wrong, how."""
+
+    outcome: str  # "done" | "timeout" | "crash" | "stuck-after-error"
+    ranks: list[RankState]
+    duration_s: float
+    fresh_start_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _loopback_store(timeout_s: float) -> tuple[Any, int]:
+    """A fresh rendezvous store per cell, listening on 127.0.0.1 only (torchrun's agent-store role)."""
+    import torch.distributed as dist
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    # The store takes the listening socket over (and closes it when it goes).
+    store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False, master_listen_fd=listener.detach())
+    return store, port
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by signal {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class RankPool:
+    def __init__(self, world_size: int, preload: list[str], extra_env: dict[str, str] | None = None) -> None:
+        self.world_size = world_size
+        self.preload = preload
+        self.extra_env = extra_env or {}
+        self._workdir = Path(tempfile.mkdtemp(prefix="freezecompat-pool-"))
+        self._procs: list[subprocess.Popen] = []
+        self._conns: list[Connection] = []
+        self._generation = 0
+        self._cell_index = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    def _paths(self, rank: int) -> tuple[Path, Path]:
+        stem = self._workdir / f"gen{self._generation}-rank{rank}"
+        return stem.with_suffix(".log"), stem.with_suffix(".stack")
+
+    def start(self) -> float:
+        """Start `world_size` ranks and wait until their imports are done; returns seconds taken."""
+        self.close()
+        self._generation += 1
+        started = time.perf_counter()
+        env = {**os.environ, **self.extra_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_USE_AGENT_STORE": "True",
+               "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size), "NODE_RANK": "0",
+               "GROUP_RANK": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+               "PYTHONUNBUFFERED": "1"}
+        for rank in range(self.world_size):
+            parent_end, child_end = Pipe()
+            log_path, stack_path = self._paths(rank)
+            with open(log_path, "w") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "pytest_freezecompat.rank", str(child_end.fileno()), str(stack_path),
+                     ",".join(self.preload)],
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(child_end.fileno(),), start_new_session=True,
+                )
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for rank, conn in enumerate(self._conns):
+            while not conn.poll(POLL_S):
+                if self._procs[rank].poll() is not None or time.monotonic() > deadline:
+                    why = (_describe_exit(self._procs[rank].returncode) if self._procs[rank].poll() is not None
+                           else f"silent for {STARTUP_TIMEOUT_S:.0f} s")
+                    tail = _tail(self._paths(rank)[0], 5).replace("\n", " | ")
+                    self.close()
+                    raise PoolError(f"rank {rank} failed to start ({why}): {tail}")
+            conn.recv()  # ("ready", info)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(("stop",))
+            except OSError:
+                pass
+        for proc in self._procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+
+    # -- one cell ----------------------------------------------------------------------------
+    def run(self, cell: Any, timeout_s: float) -> CellRun:
+        fresh_start_s = None if self.alive else self.start()
+        self._cell_index += 1
+        store, port = _loopback_store(timeout_s)
+        states = [RankState(rank) for rank in range(self.world_size)]
+        started = time.perf_counter()
+        try:
+            outcome = self._dispatch(cell, port, states, time.monotonic() + timeout_s)
+        finally:
+            del store
+        if outcome != "done":
+            self._collect_stories(states)
+            self.close()
+        return CellRun(outcome, states, time.perf_counter() - started, fresh_start_s)
+
+    def _dispatch(self, cell: Any, port: int, states: list[RankState], deadline: float) -> str:
+        for conn in self._conns:
+            conn.send(("cell", self._cell_index, cell, port))
+        pending = set(range(self.world_size))
+        first_error_at: float | None = None
+        while pending:
+            now = time.monotonic()
+            if now > deadline:
+                return "timeout"
+            if first_error_at is not None and now - first_error_at > ERROR_GRACE_S:
+                return "stuck-after-error"
+            ready = wait([self._conns[r] for r in pending], timeout=POLL_S)
+            for conn in ready:
+                rank = self._conns.index(conn)
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    self._procs[rank].wait(timeout=5)
+                    return "crash"
+                if message[0] == "phase":
+                    states[rank].phase = message[1]
+                elif message[0] == "record":
+                    states[rank].record = message[1]
+                    pending.discard(rank)
+                    if "error" in message[1] and first_error_at is None:
+                        first_error_at = time.monotonic()
+            if any(self._procs[r].poll() is not None for r in pending):
+                return "crash"
+        return "done"
+
+    def _collect_stories(self, states: list[RankState]) -> None:
+        """Exit codes, Python stacks of live ranks (SIGUSR1 -> faulthandler) and log tails."""
+        for state, proc in zip(states, self._procs):
+            if proc.poll() is None and state.record is None:
+                os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(STACK_DUMP_WAIT_S)
+        for state, proc in zip(states, self._procs):
+            log_path, stack_path = self._paths(state.rank)
+            if proc.poll() is not None:
+                state.exit = _describe_exit(proc.returncode)
+            elif state.record is None:
+                state.stack = stack_path.read_text(errors="replace") if stack_path.exists() else ""
+            state.log_tail = _tail(log_path)

@@ -1,0 +1,89 @@
+"""The rank's loop: receive a cell over the pool's pipe, join a fresh group, run it, reply.
+
+Started by `pool.py` as `python -m pytest_freezecompat.rank FD`, in its own
+process session so the pool can kill the rank with every helper it spawned.
+Messages on the pipe (our own processes only):
+  controller -> rank: ("cell", index, Cell, store_port) | ("stop",)
+  rank -> controller: ("ready", info) | ("phase", text) | ("record", dict)
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import importlib
+import os
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .scenario import describe_error, run_cell
+
+#: A collective that waits longer than this is stuck; the controller's cell deadline fires first.
+PROCESS_GROUP_TIMEOUT_S = 600
+
+
+def _device_for(cell_device: str, local_rank: int) -> torch.device:
+    if cell_device == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _init_group(backend: str, device: torch.device) -> None:
+    kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S)}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, init_method="env://", **kwargs)
+
+
+def _run_one(conn: Connection, index: int, cell: Any, store_port: int) -> dict[str, Any]:
+    rank = int(os.environ["RANK"])
+    os.environ["MASTER_PORT"] = str(store_port)
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(index)
+    phase = "init process group"
+    try:
+        device = _device_for(cell.device, int(os.environ["LOCAL_RANK"]))
+        adapter_cls = cell.adapter
+        owns_group = getattr(importlib.import_module(adapter_cls.partition(":")[0]), "OWNS_PROCESS_GROUP", False)
+        if not owns_group:
+            _init_group("nccl" if device.type == "cuda" else "gloo", device)
+        return run_cell(cell, rank, device, lambda text: conn.send(("phase", text)))
+    except Exception as exc:
+        return {"rank": rank, "phase": phase, "error": describe_error(exc, phase, rank), "steps": [], "notes": []}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(fd: int, stack_file: str, preload: list[str]) -> None:
+    torch.set_num_threads(1)
+    faulthandler.enable()  # a segfault prints every thread's stack into the rank's log
+    with open(stack_file, "w") as stacks:
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        conn = Connection(fd)
+        started = time.perf_counter()
+        for module in preload:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # the cell that needs it reports the import error itself
+                print(f"preload of {module} failed: {exc!r}", file=sys.stderr)
+        conn.send(("ready", {"pid": os.getpid(), "import_s": time.perf_counter() - started}))
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                return
+            if message[0] == "stop":
+                return
+            _, index, cell, store_port = message
+            conn.send(("record", _run_one(conn, index, cell, store_port)))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2], [m for m in sys.argv[3].split(",") if m])

@@ -1,0 +1,43 @@
+"""The single-process reference: plain PyTorch, no wrapper, no checkpointing, full global batch.
+
+It starts from the values the wrapped model really held after wrapping, so a cell
+is judged on training, not on how its init mode filled the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import models
+from .cell import Cell
+from .freeze import FreezePlan, apply
+
+Tensors = dict[str, torch.Tensor]
+
+
+def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]]) -> dict:
+    """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU."""
+    h = cell.hyper
+    model = models.build(cell.key.model, seed=h.seed, lora="lora" in cell.pattern.features,
+                         vision="vision" in cell.pattern.features, initialize=False)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(initial[name].to(param.dtype))
+    apply(plan, model)
+    params = dict(model.named_parameters())
+    optimized = [p for n, p in params.items() if n in plan.optimized]
+    optimizer = (torch.optim.AdamW(optimized, lr=h.lr, betas=h.betas, eps=h.eps, weight_decay=h.weight_decay)
+                 if optimized else None)
+    steps = []
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        loss = models.loss_fn(model(batch["tokens"]), batch["targets"])
+        if loss.requires_grad:
+            loss.backward()
+        grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}
+        norm = float(torch.nn.utils.clip_grad_norm_([p for p in params.values() if p.grad is not None], h.max_norm))
+        if optimizer is not None:
+            optimizer.step()
+        steps.append({"grads": grads, "norm": norm,
+                      "params": {n: p.detach().float().clone() for n, p in params.items()}})
+    return {"steps": steps}

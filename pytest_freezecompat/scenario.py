@@ -1,0 +1,162 @@
+"""One cell inside one rank: the steps every framework shares.
+
+build the model -> freeze (before wrapping) -> checkpoint mode -> adapter.run
+(with probes) -> on rank 0, the single-process reference. The result is a
+record of facts (plain data, tensors as float32 numpy arrays); the rank never
+decides a verdict.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import models, reference
+from .adapters.base import ExplicitLoop, ModelView, RunContext
+from .cell import Cell
+from .freeze import FreezePlan, resolve
+
+SETUP_PHASE = "setup"
+
+
+def to_numpy(tensors: dict[str, torch.Tensor | None]) -> dict[str, np.ndarray | None]:
+    # float32 holds fp32/bf16/fp16 exactly, so bit-identity checks survive the trip.
+    return {n: None if t is None else t.detach().to("cpu", torch.float32).numpy().copy() for n, t in tensors.items()}
+
+
+class Recorder:
+    """The `Probe` a rank hands to its adapter: it records facts and reports progress."""
+
+    def __init__(self, rank: int, send_phase: Callable[[str], None]) -> None:
+        self.rank = rank
+        self._send_phase = send_phase
+        self.record: dict[str, Any] = {"rank": rank, "phase": SETUP_PHASE, "notes": [], "emulated": [],
+                                       "steps": [], "grad_access": None}
+        self.initial_params: dict[str, torch.Tensor] | None = None
+
+    def phase(self, text: str) -> None:
+        self.record["phase"] = text
+        self._send_phase(text)
+
+    def note(self, text: str) -> None:
+        self.record["notes"].append(text)
+
+    def emulated(self, what: str) -> None:
+        if what not in self.record["emulated"]:
+            self.record["emulated"].append(what)
+
+    def _step(self, step: int) -> dict[str, Any]:
+        while len(self.record["steps"]) <= step:
+            self.record["steps"].append({})
+        return self.record["steps"][step]
+
+    def wrapped(self, view: ModelView) -> None:
+        self.phase("read state after wrap")
+        self.record["grad_access"] = view.grad_access
+        self.record["requires_grad"] = view.requires_grad_flags()
+        self.record["tracked"] = sorted(view.tracked_names())
+        params = view.full_params()
+        self.initial_params = {n: t.detach().to("cpu", torch.float32).clone() for n, t in params.items()}
+        if self.rank == 0:
+            self.record["initial"] = to_numpy(params)
+
+    def after_backward(self, step: int, view: ModelView) -> None:
+        self.phase(f"step {step}: read grads")
+        grads = view.full_grads()
+        if self.rank == 0:
+            self._step(step)["grads"] = to_numpy(grads)
+
+    def clipped(self, step: int, total_norm: float | None, source: str) -> None:
+        entry = self._step(step)
+        entry["norm"] = None if total_norm is None else float(total_norm)
+        entry["norm_source"] = source
+
+    def after_step(self, step: int, view: ModelView) -> None:
+        self.phase(f"step {step}: read params")
+        params = view.full_params()
+        if self.rank == 0:
+            self._step(step)["params"] = to_numpy(params)
+
+
+def run_explicit_loop(ctx: RunContext, loop: ExplicitLoop) -> None:
+    """The training loop for adapters that let us drive it: probes at the same points for all."""
+    ctx.probe.wrapped(loop.view)
+    for step in range(ctx.cell.hyper.steps):
+        ctx.probe.phase(f"step {step}: forward/backward")
+        loop.zero_grad()
+        loop.forward_backward(ctx.local_batch(step))
+        ctx.probe.after_backward(step, loop.view)
+        ctx.probe.phase(f"step {step}: clip")
+        norm, source = loop.clip(ctx.cell.hyper.max_norm)
+        ctx.probe.clipped(step, norm, source)
+        ctx.probe.phase(f"step {step}: optimizer step")
+        loop.step()
+        ctx.probe.after_step(step, loop.view)
+
+
+def load_adapter(path: str) -> Any:
+    """`package.module:Class` -> an instance; adapters are found by the matrix file, not by a registry."""
+    module_name, _, class_name = path.partition(":")
+    return getattr(importlib.import_module(module_name), class_name or "Adapter")()
+
+
+def describe_error(exc: BaseException, phase: str, rank: int) -> dict[str, str]:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return {"type": type(exc).__name__, "message": first_line, "full_message": str(exc), "rank": str(rank),
+            "where": where, "phase": phase, "traceback": "".join(traceback.format_exception(exc))}
+
+
+def _builder(cell: Cell) -> Callable[..., nn.Module]:
+    def build_model(device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
+        model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
+                             vision="vision" in cell.pattern.features, device=device, initialize=initialize)
+        model.set_activation_checkpointing(cell.key.checkpoint)
+        return model
+
+    return build_model
+
+
+def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[str], None]) -> dict[str, Any]:
+    recorder = Recorder(rank, send_phase)
+    torch.manual_seed(cell.hyper.seed)
+    batches = models.make_batches(cell.key.model, seed=cell.hyper.seed, steps=cell.hyper.steps,
+                                  global_batch=cell.hyper.batch_per_rank * cell.world_size)
+    plans: list[FreezePlan] = []
+
+    def resolve_plan(model: nn.Module) -> FreezePlan:
+        plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()])
+        plans.append(plan)
+        return plan
+
+    ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
+                     batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan)
+    try:
+        load_adapter(cell.adapter).run(ctx)
+    except Exception as exc:  # a framework may raise anything; the controller classifies it
+        recorder.record["error"] = describe_error(exc, recorder.record["phase"], rank)
+    if plans:
+        plan = plans[0]
+        recorder.record["plan"] = {"names": list(plan.names), "trainable": sorted(plan.trainable),
+                                   "optimized": sorted(plan.optimized), "unused": sorted(plan.unused)}
+    if rank == 0 and plans and recorder.initial_params is not None and "error" not in recorder.record:
+        send_phase("reference")
+        ref = reference.run(cell, plans[0], recorder.initial_params, batches)
+        recorder.record["reference"] = {"steps": [
+            {"grads": to_numpy(s["grads"]), "norm": s["norm"], "params": to_numpy(s["params"])} for s in ref["steps"]
+        ]}
+        eager = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
+                             vision="vision" in cell.pattern.features)
+        recorder.record["init_matches_eager"] = all(
+            torch.equal(p.detach().float(), recorder.initial_params[n]) for n, p in eager.named_parameters()
+        )
+    return recorder.record
+
+
