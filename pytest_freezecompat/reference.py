@@ -6,20 +6,34 @@ is judged on training, not on how its init mode filled the weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch import nn
 
 from . import models
 from .cell import Cell
 from .freeze import FreezePlan, apply
 
 Tensors = dict[str, torch.Tensor]
+LossOf = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
 
-def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]]) -> dict:
-    """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU."""
-    h = cell.hyper
-    model = models.build(cell.key.model, seed=h.seed, lora="lora" in cell.pattern.features,
+def tiny_reference(cell: Cell) -> tuple[nn.Module, LossOf]:
+    model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
                          vision="vision" in cell.pattern.features, initialize=False)
+    return model, lambda m, batch: models.loss_fn(m(batch["tokens"]), batch["targets"])
+
+
+def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
+        build: Callable[[Cell], tuple[nn.Module, LossOf]] = tiny_reference) -> dict:
+    """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
+
+    `build` gives a bare single-process model with the same parameter names as the cell's
+    model, and how to compute its loss on a batch (adapters with their own model supply it).
+    """
+    h = cell.hyper
+    model, loss_of = build(cell)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(initial[name].to(param.dtype))
@@ -31,7 +45,7 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     steps = []
     for batch in batches:
         model.zero_grad(set_to_none=True)
-        loss = models.loss_fn(model(batch["tokens"]), batch["targets"])
+        loss = loss_of(model, batch)
         if loss.requires_grad:
             loss.backward()
         grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}

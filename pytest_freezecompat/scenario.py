@@ -138,8 +138,10 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
 
     ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
                      batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan)
+    adapter = None
     try:
-        load_adapter(cell.adapter).run(ctx)
+        adapter = load_adapter(cell.adapter)
+        adapter.run(ctx)
     except Exception as exc:  # a framework may raise anything; the controller classifies it
         recorder.record["error"] = describe_error(exc, recorder.record["phase"], rank)
     if plans:
@@ -148,12 +150,13 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
                                    "optimized": sorted(plan.optimized), "unused": sorted(plan.unused)}
     if rank == 0 and plans and recorder.initial_params is not None and "error" not in recorder.record:
         send_phase("reference")
-        ref = reference.run(cell, plans[0], recorder.initial_params, batches)
+        build = getattr(adapter, "reference_model", reference.tiny_reference)
+        ref = reference.run(cell, plans[0], recorder.initial_params, batches, build)
         recorder.record["reference"] = {"steps": [
             {"grads": to_numpy(s["grads"]), "norm": s["norm"], "params": to_numpy(s["params"])} for s in ref["steps"]
         ]}
-        eager = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
-                             vision="vision" in cell.pattern.features)
+        eager, _ = build(cell)
+        models.init_weights(eager, cell.hyper.seed)
         recorder.record["init_matches_eager"] = all(
             torch.equal(p.detach().float(), recorder.initial_params[n]) for n, p in eager.named_parameters()
         )

@@ -98,6 +98,10 @@ class ExplicitLoop(Protocol):
 
 
 class Adapter(Protocol):
+    """One framework. Optionally also `reference_model(cell) -> (bare nn.Module, loss_of(model, batch))`
+    when the cell's model is the framework's own (same parameter names, single process, no wrapper);
+    the default reference is the tiny model of `models.py`. Eager init means `models.init_weights`."""
+
     def run(self, ctx: RunContext) -> None: ...
 
 

@@ -1,0 +1,216 @@
+"""Pure verdicts: what the ranks saw + the single-process reference -> a cell's status.
+
+Statuses: pass, fail (it ran; a check failed), error (it raised), timeout (a hang),
+crash (a rank died), skip (decided at planning). The checks, in the order they are
+reported (CASES.md, "checks"):
+  requires_grad  flags after wrapping equal the freeze pattern's
+  optimizer      the optimizer tracks exactly the intended params, by original name
+  grads          after backward: full, finite, equal to the reference; none where the reference has none
+  grad_norm      the norm the framework's clipping reported equals the reference's
+  update         after step: params that the reference leaves alone are bit-identical, the rest match
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .pool import CellRun
+
+CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    grad_rtol: float
+    grad_atol: float
+    #: Adam divides by sqrt(v): float noise in a near-zero grad becomes a visible part of one
+    #: lr step, so params get an absolute tolerance of a fraction of the step (lr = 1e-2).
+    param_rtol: float
+    param_atol: float
+    norm_rtol: float
+
+
+TOLERANCES = {
+    "fp32": Tolerance(grad_rtol=1e-4, grad_atol=1e-6, param_rtol=1e-4, param_atol=1e-3, norm_rtol=1e-4),
+    # bf16/fp16 keep 8/11 mantissa bits: compare to the fp32 reference at that resolution.
+    "bf16": Tolerance(grad_rtol=5e-2, grad_atol=5e-3, param_rtol=2e-2, param_atol=5e-3, norm_rtol=5e-2),
+    "fp16": Tolerance(grad_rtol=1e-2, grad_atol=1e-3, param_rtol=1e-2, param_atol=3e-3, norm_rtol=1e-2),
+}
+#: How many parameter names a message lists before it says "and N more".
+NAMES_SHOWN = 4
+DETAIL_CHARS = 4000
+REFUSAL_NOTE = "refused before the first step"
+
+
+@dataclass
+class Verdict:
+    status: str
+    check: str | None = None
+    message: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _names(names: Iterable[str]) -> str:
+    names = sorted(names)
+    shown = ", ".join(names[:NAMES_SHOWN])
+    return shown + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else "")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= DETAIL_CHARS else "..." + text[-DETAIL_CHARS:]
+
+
+def _check_flags(records: list[dict[str, Any]], trainable: set[str]) -> str | None:
+    changed = set()
+    for record in records:
+        for name, flag in record.get("requires_grad", {}).items():
+            if flag != (name in trainable):
+                changed.add(f"{name} ({name in trainable}->{flag})")
+    return f"requires_grad changed by wrapping: {_names(changed)}" if changed else None
+
+
+def _check_tracked(records: list[dict[str, Any]], optimized: set[str]) -> str | None:
+    tracked = set().union(*(set(r.get("tracked", [])) for r in records))
+    extra, missing = tracked - optimized, optimized - tracked
+    parts = []
+    if extra:
+        parts.append(f"optimizer tracks {len(extra)} unintended: {_names(extra)}")
+    if missing:
+        parts.append(f"optimizer misses {len(missing)}: {_names(missing)}")
+    return "; ".join(parts) or None
+
+
+def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Tolerance, notes: list[str]) -> str | None:
+    missing, spurious, partial, nonfinite, differ, zero_filled = [], [], [], [], [], []
+    for name, want in ref.items():
+        have = got.get(name)
+        if want is None:
+            if have is None:
+                continue
+            (zero_filled if not np.any(have) else spurious).append(name)
+        elif have is None:
+            missing.append(name)
+        elif have.shape != want.shape:
+            partial.append(f"{name} {tuple(have.shape)} != {tuple(want.shape)}")
+        elif not np.all(np.isfinite(have)):
+            nonfinite.append(name)
+        elif not np.allclose(have, want, rtol=tol.grad_rtol, atol=tol.grad_atol):
+            differ.append(f"{name} (max abs diff {np.max(np.abs(have - want)):.2e})")
+    if zero_filled:
+        notes.append(f"step {step}: zero-filled grad where the reference has none: {_names(zero_filled)}")
+    problems = [(missing, "no grad on trainable"), (spurious, "grad on param that should get none"),
+                (partial, "grad not full"), (nonfinite, "non-finite grad"), (differ, "grad differs from reference")]
+    found = [f"{what}: {_names(names)}" for names, what in problems if names]
+    return f"step {step}: " + "; ".join(found) if found else None
+
+
+def _check_norm(step: int, got: dict[str, Any], want: float, tol: Tolerance, notes: list[str]) -> str | None:
+    norm, source = got.get("norm"), got.get("norm_source", "?")
+    if norm is None:
+        notes.append(f"step {step}: grad norm not verified: {source}")
+        return None
+    if not np.isclose(norm, want, rtol=tol.norm_rtol, atol=1e-7):
+        return f"step {step}: grad norm {norm:.6g} ({source}) != reference {want:.6g}"
+    return None
+
+
+def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: dict[str, Any],
+                  tol: Tolerance) -> str | None:
+    moved_frozen, differ = [], []
+    for name, want in ref.items():
+        have = got.get(name)
+        if have is None or have.shape != want.shape:
+            differ.append(f"{name} (missing or wrong shape)")
+        elif np.array_equal(want, before[name]):
+            if not np.array_equal(have, before[name]):
+                moved_frozen.append(name)
+        elif not np.allclose(have, want, rtol=tol.param_rtol, atol=tol.param_atol):
+            differ.append(f"{name} (max abs diff {np.max(np.abs(have - want)):.2e})")
+    found = []
+    if moved_frozen:
+        found.append(f"param that must stay fixed changed: {_names(moved_frozen)}")
+    if differ:
+        found.append(f"update differs from reference: {_names(differ)}")
+    return f"step {step}: " + "; ".join(found) if found else None
+
+
+def judge_records(records: list[dict[str, Any]], precision: str, pattern_id: str) -> Verdict:
+    """Verdict for a cell whose ranks all replied."""
+    errors = [r for r in records if "error" in r]
+    if errors:
+        err = errors[0]["error"]
+        text = f"{err['type']}: {err['message']} (rank {err['rank']}, {err['phase']}, {err['where']})"
+        if pattern_id == "all" and not err["phase"].startswith("step "):
+            return Verdict("pass", None, f"{REFUSAL_NOTE}: {text}")
+        return Verdict("error", None, text)
+    lead = records[0]
+    if "reference" not in lead or "plan" not in lead:
+        return Verdict("error", None, "the adapter finished without reporting its state (no probe.wrapped call)")
+    plan = lead["plan"]
+    notes: list[str] = [] if lead.get("init_matches_eager", True) else [
+        "materialized values differ from eager init (training is judged from the materialized values)"]
+    tol = TOLERANCES[precision]
+    failures: list[tuple[str, str]] = []
+    for check, problem in (("requires_grad", _check_flags(records, set(plan["trainable"]))),
+                           ("optimizer", _check_tracked(records, set(plan["optimized"])))):
+        if problem:
+            failures.append((check, problem))
+    ref_steps = lead["reference"]["steps"]
+    if len(lead["steps"]) < len(ref_steps):
+        failures.append(("update", f"ran {len(lead['steps'])} of {len(ref_steps)} steps"))
+    before = lead["initial"]
+    for step, (got, ref) in enumerate(zip(lead["steps"], ref_steps)):
+        for check, problem in (("grads", _check_grads(step, got.get("grads", {}), ref["grads"], tol, notes)),
+                               ("grad_norm", _check_norm(step, got, ref["norm"], tol, notes)),
+                               ("update", _check_update(step, got.get("params", {}), ref["params"], before, tol))):
+            if problem:
+                failures.append((check, problem))
+        before = ref["params"]
+    notes.extend(n for r in records for n in r.get("notes", []))
+    if not failures:
+        return Verdict("pass", None, "", notes)
+    first = min(failures, key=lambda f: CHECKS.index(f[0]))[0]
+    return Verdict("fail", first, " | ".join(p for c, p in failures if c == first), notes)
+
+
+def judge(run: CellRun, precision: str, pattern_id: str, timeout_s: float) -> Verdict:
+    """The cell's verdict from everything the pool saw, including hangs and crashes."""
+    if run.outcome == "done":
+        return judge_records([s.record for s in run.ranks if s.record is not None], precision, pattern_id)
+    if run.outcome == "timeout":
+        phases = "; ".join(f"rank {s.rank}: {s.phase}" for s in run.ranks)
+        return Verdict("timeout", None, f"no result within {timeout_s:.0f} s ({phases})")
+    if run.outcome == "crash":
+        dead = [s for s in run.ranks if s.exit]
+        text = "; ".join(f"rank {s.rank} {s.exit} during {s.phase}" for s in dead) or "a rank closed its pipe"
+        return Verdict("crash", None, text)
+    failed = next(s for s in run.ranks if s.record is not None and "error" in s.record)
+    stuck = ", ".join(f"rank {s.rank} ({s.phase})" for s in run.ranks if s.record is None)
+    base = judge_records([failed.record], precision, pattern_id)
+    return Verdict("error", None, f"{base.message}; left waiting: {stuck}")
+
+
+def rank_details(run: CellRun) -> list[dict[str, Any]]:
+    """Per-rank stories for the report: last phase, error, exit, stack and log tail where they matter."""
+    details = []
+    for state in run.ranks:
+        entry: dict[str, Any] = {"rank": state.rank, "phase": state.phase}
+        error = (state.record or {}).get("error")
+        if error:
+            entry["error"] = {k: error[k] for k in ("type", "message", "where", "phase")}
+            entry["traceback"] = _clip(error["traceback"])
+        if state.exit:
+            entry["exit"] = state.exit
+        if state.stack:
+            entry["stack"] = _clip(state.stack)
+        if run.outcome != "done" and state.log_tail:
+            entry["log_tail"] = _clip(state.log_tail)
+        emulated = (state.record or {}).get("emulated")
+        if emulated:
+            entry["emulated"] = emulated
+        details.append(entry)
+    return details

@@ -1,0 +1,99 @@
+"""Spec + selection + where we run -> the cells of this run, each with its skip reason decided here.
+
+Planning is pure: it never imports a framework (only asks whether one is importable),
+so `--collect-only` is fast and every skip is known before any rank starts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .cell import KEY_AXES, Cell, CellKey
+from .spec import Framework, Rule, Spec
+
+
+class SelectionError(ValueError):
+    """A bad `--freeze-matrix-select`; one line that lists what is valid."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Exact axis values to keep; several values of one axis are alternatives."""
+
+    values: dict[str, frozenset[str]]
+
+    @classmethod
+    def parse(cls, text: str, spec: Spec) -> Selection:
+        values: dict[str, set[str]] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            axis, sep, value = item.partition("=")
+            axis, value = axis.strip(), value.strip()
+            if not sep or not value:
+                raise SelectionError(f"--freeze-matrix-select: {item!r} is not axis=value (e.g. framework=torch)")
+            if axis not in KEY_AXES:
+                raise SelectionError(f"--freeze-matrix-select: unknown axis {axis!r}; valid: {', '.join(KEY_AXES)}")
+            valid = spec.values(axis)
+            if value not in valid:
+                raise SelectionError(f"--freeze-matrix-select: unknown {axis} {value!r}; valid: {', '.join(valid)}")
+            values.setdefault(axis, set()).add(value)
+        return cls({axis: frozenset(v) for axis, v in values.items()})
+
+    def keeps(self, axis: str, value: str) -> bool:
+        return axis not in self.values or value in self.values[axis]
+
+
+def _matches(rule: Rule, key: CellKey, device: str) -> bool:
+    if rule.device is not None and rule.device != device:
+        return False
+    fields = key.as_dict()
+    return all(any(fnmatch.fnmatchcase(fields[axis], pat) for pat in pats) for axis, pats in rule.when.items())
+
+
+def why_not_importable(module: str) -> str | None:
+    """None if `module` can be imported here, else a short reason (no import is executed)."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if found is not None else f"No module named {module!r}"
+
+
+def _framework_cells(spec: Spec, fw: Framework, selection: Selection, world_size: int, device: str,
+                     missing: str | None) -> Iterable[Cell]:
+    axes = [[v for v in fw.axes[a] if selection.keeps(a, v)] for a in ("model", "plugin", "init", "checkpoint",
+                                                                        "freeze")]
+    for model, plugin, init, checkpoint, freeze in itertools.product(*axes):
+        key = CellKey(model, fw.name, plugin, init, checkpoint, freeze)
+        effects: dict[str, object] = {}
+        options: dict[str, object] = {}
+        for rule in fw.rules:
+            if _matches(rule, key, device):
+                effects.update(rule.effects)
+                options.update(rule.effects.get("options", {}))
+        if "exclude" in effects:
+            continue
+        skip = effects.get("skip")
+        if missing:
+            skip = f"{fw.name} is not importable in this environment ({missing}); its environment is {fw.environment!r}"
+        yield Cell(key=key, environment=fw.environment, adapter=fw.adapter, world_size=world_size, device=device,
+                   pattern=spec.patterns[freeze], groups=spec.models[model],
+                   precision=str(effects.get("precision", "fp32")), emulation=bool(effects.get("emulation", False)),
+                   options=options, skip=str(skip) if skip else None,
+                   known_issue=str(effects["known_issue"]) if "known_issue" in effects else None)
+
+
+def plan(spec: Spec, selection: Selection, *, world_size: int, device: str, environment: str | None = None,
+         importable: Callable[[str], str | None] = why_not_importable) -> list[Cell]:
+    """Cells in a stable order. With `environment`, only the frameworks that environment owns run."""
+    cells: list[Cell] = []
+    for fw in spec.frameworks.values():
+        if not selection.keeps("framework", fw.name):
+            continue
+        if environment is not None and fw.environment != environment:
+            continue
+        cells.extend(_framework_cells(spec, fw, selection, world_size, device, importable(fw.import_name)))
+    return cells

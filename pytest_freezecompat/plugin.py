@@ -1,0 +1,155 @@
+"""pytest hooks only: options, one item per matrix cell, report data per cell, summary.
+
+The work lives in `runner.py` (plan, pool, judge, report); this module wires it to pytest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cell import Cell
+from .plan import SelectionError
+from .pool import POLL_S
+from .report.schema import STATUSES
+from .runner import MatrixRun, Options
+from .spec import SpecError, load
+
+CELL_PROPERTY = "freeze_matrix_cell"
+#: A warm cell takes well under a second; framework imports on the first cell of a pool take up to a minute.
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_REPORT_DIR = ".freeze-matrix"
+ENVIRONMENT_VARIABLE = "FREEZECOMPAT_ENVIRONMENT"
+_RUN_KEY = pytest.StashKey[MatrixRun]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("freeze-matrix", "partial-freeze compatibility matrix (pytest-freezecompat)")
+    group.addoption("--freeze-matrix", action="store_true", help="run the freeze compatibility matrix")
+    group.addoption("--freeze-matrix-select", default="", metavar="AXIS=VALUE,...",
+                    help="keep only cells with these exact axis values (repeat an axis for alternatives), "
+                         "e.g. framework=torch,freeze=embedding")
+    group.addoption("--freeze-matrix-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                    help=f"seconds one cell may take before it is a timeout (default {DEFAULT_TIMEOUT_S:.0f})")
+    group.addoption("--freeze-matrix-world-size", type=int, default=2, metavar="N",
+                    help="ranks per cell (default 2)")
+    group.addoption("--freeze-matrix-spec", default=None, metavar="FILE",
+                    help="matrix file to use instead of the packaged one")
+    group.addoption("--freeze-matrix-report", default=None, metavar="DIR",
+                    help=f"where matrix.json and matrix.md go (default {DEFAULT_REPORT_DIR}/ under the rootdir, "
+                         "a directory that ignores itself in git)")
+    group.addoption("--freeze-matrix-environment", default=os.environ.get(ENVIRONMENT_VARIABLE), metavar="NAME",
+                    help=f"run only the frameworks this environment owns (default ${ENVIRONMENT_VARIABLE}; "
+                         "unset: every framework, non-importable ones skipped)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "freeze_matrix: a cell of the freeze compatibility matrix")
+    if not config.getoption("freeze_matrix"):
+        return
+    world_size = config.getoption("freeze_matrix_world_size")
+    if world_size < 1:
+        raise pytest.UsageError("--freeze-matrix-world-size must be at least 1")
+    if config.getoption("freeze_matrix_timeout") <= POLL_S:
+        raise pytest.UsageError("--freeze-matrix-timeout must be a positive number of seconds")
+    report_dir = config.getoption("freeze_matrix_report")
+    options = Options(
+        select=config.getoption("freeze_matrix_select"), timeout_s=config.getoption("freeze_matrix_timeout"),
+        world_size=world_size, spec_path=config.getoption("freeze_matrix_spec"),
+        report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
+        report_dir_is_default=report_dir is None, environment=config.getoption("freeze_matrix_environment"),
+    )
+    try:
+        spec = load(options.spec_path)
+        if options.environment is not None and options.environment not in spec.environments:
+            raise SelectionError(f"--freeze-matrix-environment: unknown environment {options.environment!r}; "
+                                 f"valid: {', '.join(spec.environments)}")
+        run = MatrixRun(spec, options)
+    except (SpecError, SelectionError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_RUN_KEY] = run
+    config.pluginmanager.register(MatrixSession(run), "freeze-matrix-session")
+
+
+class CellFailure(Exception):
+    """A cell whose status is not pass; its text is the cell's message plus the repro command."""
+
+
+class MatrixItem(pytest.Item):
+    def __init__(self, *, cell: Cell, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cell = cell
+        self.extra_keyword_matches.update(cell.key.as_dict().values())
+        self.add_marker(pytest.mark.freeze_matrix)
+        if cell.skip:
+            self.add_marker(pytest.mark.skip(reason=cell.skip))
+            self.user_properties.append((CELL_PROPERTY, self.config.stash[_RUN_KEY].skip_record(cell)))
+
+    def runtest(self) -> None:
+        record = self.config.stash[_RUN_KEY].run_cell(self.cell)
+        self.user_properties.append((CELL_PROPERTY, record))
+        if record["status"] != "pass":
+            raise CellFailure(record)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CellFailure):
+            record = excinfo.value.args[0]
+            lines = [f"{record['status'].upper()}" + (f" [{record['check']}]" if record.get("check") else "")
+                     + f": {record['message']}"]
+            for rank in record.get("rank_details", []):
+                if "stack" in rank or "exit" in rank or "log_tail" in rank:
+                    lines.append(f"--- rank {rank['rank']} ({rank.get('exit') or rank['phase']}) ---")
+                    lines.append(rank.get("stack") or rank.get("log_tail", ""))
+            lines.append(f"reproduce: {record['repro']}")
+            return "\n".join(lines)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"freeze-matrix {self.cell.id}"
+
+
+class MatrixSession:
+    """Hooks that exist only when --freeze-matrix is on."""
+
+    def __init__(self, run: MatrixRun) -> None:
+        self.run = run
+
+    def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
+        """`pytest --freeze-matrix` alone runs just the matrix; name test paths to run them as well."""
+        return True if config.args_source != pytest.Config.ArgsSource.ARGS else None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
+        # tryfirst: the cells must be in `items` before -k, -m and --lf deselect.
+        for cell in self.run.cells:
+            items.append(MatrixItem.from_parent(session, name=cell.id, nodeid=f"freeze-matrix::{cell.id}",
+                                                cell=cell))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # In the xdist controller this sees every worker's reports; without xdist, our own.
+        record = dict(report.user_properties).get(CELL_PROPERTY)
+        if record is not None and (report.when == "call" or (report.when == "setup" and report.skipped)):
+            self.run.collect(record)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.run.close()
+        if not hasattr(session.config, "workerinput"):  # xdist workers leave the report to the controller
+            self.run.write_report()
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        if hasattr(config, "workerinput") or not self.run.results:
+            return
+        counts: dict[tuple[str, str], Counter] = {}
+        for record in self.run.results.values():
+            counts.setdefault((record["framework"], record["plugin"]), Counter())[record["status"]] += 1
+        terminalreporter.section("freeze matrix")
+        width = max(len(f"{fw}/{plugin}") for fw, plugin in counts)
+        terminalreporter.write_line(f"{'framework/plugin':<{width}}  " + " ".join(f"{s:>7}" for s in STATUSES))
+        for (fw, plugin), counter in counts.items():
+            terminalreporter.write_line(f"{fw + '/' + plugin:<{width}}  "
+                                        + " ".join(f"{counter.get(s, 0):>7}" for s in STATUSES))
+        terminalreporter.write_line(f"report: {self.run.options.report_dir / 'matrix.json'} (+ matrix.md)")

@@ -1,0 +1,1 @@
+"""The compatibility report: schema, JSON (for machines), Markdown (to publish), merge."""

@@ -1,0 +1,118 @@
+"""`matrix.md`: one table per framework, model and init mode that reads well on GitHub.
+
+Rows are freeze patterns, columns plugins; each table cell shows the checkpoint modes
+side by side, so 300 cells of a framework fit in a few screens. Notes below group
+cells that failed the same way.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱️", "crash": "☠️", "skip": "⏭️"}
+EMULATION_MARK = "ᴱ"
+ABSENT = "·"
+MESSAGE_CHARS = 300
+
+
+def _ordered(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _legend() -> str:
+    items = " · ".join(f"{symbol} {status}" for status, symbol in SYMBOLS.items())
+    return (f"Legend: {items} · {EMULATION_MARK} ran its real logic on CPU behind a CUDA-on-CPU shim (emulation) · "
+            f"{ABSENT} not in the matrix. Each table cell lists the checkpoint modes in the order given above "
+            "the table.")
+
+
+def _environments(report: dict[str, Any]) -> list[str]:
+    lines = ["| environment | python | torch | frameworks | device |", "|---|---|---|---|---|"]
+    for name, info in sorted(report["environments"].items()):
+        frameworks = ", ".join(f"{k} {v}" for k, v in sorted(info.get("frameworks", {}).items()))
+        lines.append(f"| {name} | {info.get('python', '?')} | {info.get('torch', '?')} | {frameworks} | "
+                     f"{info.get('device', '?')} ({info.get('backend', '?')}) |")
+    return lines
+
+
+def _summary(cells: list[dict[str, Any]]) -> list[str]:
+    by_framework: dict[str, Counter] = defaultdict(Counter)
+    for cell in cells:
+        by_framework[cell["framework"]][cell["status"]] += 1
+    header = "| framework | " + " | ".join(SYMBOLS) + " | cells |"
+    lines = [header, "|---" * (len(SYMBOLS) + 2) + "|"]
+    for framework, counts in by_framework.items():
+        lines.append(f"| {framework} | " + " | ".join(str(counts.get(s, 0)) for s in SYMBOLS)
+                     + f" | {sum(counts.values())} |")
+    return lines
+
+
+def _symbol(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return ABSENT
+    return SYMBOLS[cell["status"]] + (EMULATION_MARK if cell.get("emulation") else "")
+
+
+def _tables(cells: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    index = {c["id"]: c for c in cells}
+    for framework in _ordered([c["framework"] for c in cells]):
+        fw_cells = [c for c in cells if c["framework"] == framework]
+        lines += ["", f"## {framework}"]
+        plugins = _ordered([c["plugin"] for c in fw_cells])
+        checkpoints = _ordered([c["checkpoint"] for c in fw_cells])
+        for model in _ordered([c["model"] for c in fw_cells]):
+            for init in _ordered([c["init"] for c in fw_cells if c["model"] == model]):
+                scope = [c for c in fw_cells if c["model"] == model and c["init"] == init]
+                lines += ["", f"### {model}, init `{init}` — checkpoint: {' · '.join(checkpoints)}", "",
+                          "| freeze | " + " | ".join(plugins) + " |", "|---" * (len(plugins) + 1) + "|"]
+                for freeze in _ordered([c["freeze"] for c in scope]):
+                    row = []
+                    for plugin in plugins:
+                        row.append("".join(_symbol(index.get(f"{model}/{framework}/{plugin}/{init}/{ck}/{freeze}"))
+                                           for ck in checkpoints))
+                    lines.append(f"| {freeze} | " + " | ".join(row) + " |")
+        lines += ["", _access_table(fw_cells)]
+    return lines
+
+
+def _access_table(cells: list[dict[str, Any]]) -> str:
+    """Where a user reads full grads and the clip norm, per plugin (CASES C5)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for cell in cells:
+        if cell.get("grad_access") and cell["plugin"] not in seen:
+            seen[cell["plugin"]] = (cell["grad_access"], cell.get("grad_norm_source") or "not exposed")
+    if not seen:
+        return ""
+    rows = ["| plugin | full grad of a trainable param | clip norm |", "|---|---|---|"]
+    rows += [f"| {p} | `{g}` | {n} |" for p, (g, n) in seen.items()]
+    return "\n".join(rows)
+
+
+def _notes(cells: list[dict[str, Any]]) -> list[str]:
+    groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for cell in cells:
+        if cell["status"] != "pass" or cell.get("notes"):
+            message = cell.get("message") or "; ".join(cell.get("notes", [])) or ""
+            if len(message) > MESSAGE_CHARS:
+                message = message[:MESSAGE_CHARS] + "…"
+            groups[(cell["status"], cell.get("check") or "", message)].append(cell["id"])
+    lines = ["", "## Notes", ""]
+    order = list(SYMBOLS)
+    for (status, check, message), ids in sorted(groups.items(), key=lambda g: (order.index(g[0][0]), g[0][1:])):
+        what = f"**{status}**" + (f" (check `{check}`)" if check else "")
+        shown = ", ".join(f"`{i}`" for i in ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
+        escaped = message.replace("|", "\\|")
+        lines.append(f"- {SYMBOLS[status]} {what} — {escaped} — {len(ids)} cell(s): {shown}")
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    cells = report["cells"]
+    out = ["# Freeze compatibility matrix", "",
+           "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
+           "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
+           "reference (requires_grad flags, optimizer-tracked params, grads, clip norm, updates).", "",
+           _legend(), "", *_environments(report), "", *_summary(cells), *_tables(cells), *_notes(cells)]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,37 @@
+"""Write a report directory atomically: matrix.json and matrix.md, never half a file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .markdown import render
+from .schema import SCHEMA
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def build(environments: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "environments": environments, "cells": sorted(cells, key=lambda c: c["id"])}
+
+
+def write(directory: Path, report: dict[str, Any], *, self_ignoring: bool = False) -> Path:
+    """Write matrix.json and matrix.md into `directory`; a self-ignoring directory gets a `*` .gitignore."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if self_ignoring and not (directory / ".gitignore").exists():
+        (directory / ".gitignore").write_text("# written by pytest-freezecompat: run output, not sources\n*\n")
+    _atomic_write(directory / "matrix.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
+    _atomic_write(directory / "matrix.md", render(report))
+    return directory / "matrix.json"

@@ -1,0 +1,133 @@
+"""The controller's side of a matrix run: plan once, run cells on the warm pool, keep the report.
+
+`plugin.py` only wires pytest hooks to this object. Under xdist every worker plans the
+same cells and runs its share on its own pool; only the controller (which sees every
+worker's reports) writes the report.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import checks
+from .cell import Cell
+from .plan import Selection, plan
+from .pool import PoolError, RankPool
+from .report import schema, write
+from .spec import Spec, default_spec_path
+
+#: Report on disk at least this often during a run, so a killed run still leaves most of it.
+REPORT_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class Options:
+    select: str
+    timeout_s: float
+    world_size: int
+    spec_path: str | None
+    report_dir: Path
+    report_dir_is_default: bool
+    environment: str | None
+
+
+def detect_device(world_size: int) -> tuple[str, str]:
+    """(device, backend): NCCL on CUDA when enough GPUs are visible, else gloo on CPU."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "cuda", "nccl"
+    return "cpu", "gloo"
+
+
+def repro_command(cell: Cell, options: Options) -> str:
+    args = ["pytest", "--freeze-matrix", "--freeze-matrix-select",
+            ",".join(f"{axis}={value}" for axis, value in cell.key.as_dict().items())]
+    if options.spec_path and Path(options.spec_path).resolve() != default_spec_path().resolve():
+        args += ["--freeze-matrix-spec", options.spec_path]
+    if options.world_size != 2:
+        args += ["--freeze-matrix-world-size", str(options.world_size)]
+    return shlex.join(args)
+
+
+class MatrixRun:
+    def __init__(self, spec: Spec, options: Options) -> None:
+        self.spec = spec
+        self.options = options
+        self.device, self.backend = detect_device(options.world_size)
+        self.cells = plan(spec, Selection.parse(options.select, spec), world_size=options.world_size,
+                          device=self.device, environment=options.environment)
+        self.results: dict[str, dict[str, Any]] = {}
+        self._pool: RankPool | None = None
+        self._pool_error: str | None = None
+        self._last_write = 0.0
+
+    # -- running cells (in whichever process runs the item) --------------------------------
+    def _get_pool(self) -> RankPool:
+        if self._pool is None:
+            preload = sorted({c.adapter.partition(":")[0] for c in self.cells if c.skip is None})
+            self._pool = RankPool(self.options.world_size, preload)
+        return self._pool
+
+    def run_cell(self, cell: Cell) -> dict[str, Any]:
+        """Run one cell and return its report record (the rank facts judged here, in the controller)."""
+        started = time.perf_counter()
+        record = {**cell.summary(), "repro": repro_command(cell, self.options), "grad_access": None,
+                  "grad_norm_source": None, "check": None, "message": "", "notes": [], "rank_details": []}
+        if cell.known_issue:
+            record["known_issue"] = {"id": cell.known_issue}
+        if self._pool_error:
+            record.update(status="error", message=self._pool_error)
+            return record
+        try:
+            run = self._get_pool().run(cell, self.options.timeout_s)
+        except PoolError as exc:
+            self._pool_error = f"rank pool could not start: {exc}"
+            record.update(status="error", message=self._pool_error)
+            return record
+        verdict = checks.judge(run, cell.precision, cell.key.freeze, self.options.timeout_s)
+        lead = run.ranks[0].record or {}
+        sources = {s.get("norm_source") for s in lead.get("steps", []) if s.get("norm_source")}
+        record.update(status=verdict.status, check=verdict.check, message=verdict.message, notes=verdict.notes,
+                      grad_access=lead.get("grad_access"), grad_norm_source=", ".join(sorted(sources)) or None,
+                      rank_details=checks.rank_details(run), duration_s=round(time.perf_counter() - started, 3))
+        if run.fresh_start_s is not None:
+            record["pool_start_s"] = round(run.fresh_start_s, 3)
+        return record
+
+    def skip_record(self, cell: Cell) -> dict[str, Any]:
+        record = {**cell.summary(), "status": "skip", "message": cell.skip, "check": None, "duration_s": 0.0,
+                  "repro": repro_command(cell, self.options), "grad_access": None, "grad_norm_source": None,
+                  "notes": [], "rank_details": []}
+        if cell.known_issue:
+            record["known_issue"] = {"id": cell.known_issue}
+        return record
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    # -- the report (controller only) -------------------------------------------------------
+    def collect(self, record: dict[str, Any]) -> None:
+        self.results[record["id"]] = record
+        if time.monotonic() - self._last_write > REPORT_EVERY_S:
+            self.write_report()
+
+    def environments(self) -> dict[str, Any]:
+        names = {c.environment for c in self.cells} | {r["environment"] for r in self.results.values()}
+        info = {}
+        for name in sorted(names):
+            frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.environment == name}
+            info[name] = schema.environment_info(frameworks, self.device, self.backend)
+        return info
+
+    def write_report(self) -> Path | None:
+        if not self.results:
+            return None
+        self._last_write = time.monotonic()
+        report = write.build(self.environments(), list(self.results.values()))
+        return write.write(self.options.report_dir, report, self_ignoring=self.options.report_dir_is_default)

@@ -1,0 +1,286 @@
+"""Matrix files -> a validated `Spec`, with errors that name file and line.
+
+A spec is `matrix.toml` (models, their parameter groups, freeze patterns) plus one
+`frameworks/<name>.toml` beside it per framework (axes, environment, rules). A
+framework file may also define models of its own; a matrix file may also carry
+frameworks inline under `[frameworks.<name>]` (handy for a one-file matrix).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from .freeze import ALL_GROUP, FreezePattern
+
+SCHEMA = 1
+VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+DEVICES = ("cpu", "cuda")
+RULE_EFFECTS = ("skip", "exclude", "emulation", "precision", "options", "known_issue")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class SpecError(ValueError):
+    """A malformed matrix file; the message is one line: `file:line: what is wrong`."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    when: dict[str, tuple[str, ...]]
+    device: str | None
+    effects: dict[str, Any]
+    where: str
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    install: tuple[str, ...]
+    frameworks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    adapter: str
+    import_name: str
+    axes: dict[str, tuple[str, ...]]  # model, plugin, init, checkpoint, freeze
+    environment: str
+    rules: tuple[Rule, ...]
+    where: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    models: dict[str, dict[str, tuple[str, ...]]]
+    patterns: dict[str, FreezePattern]
+    frameworks: dict[str, Framework]
+    environments: dict[str, Environment] = field(default_factory=dict)
+
+    def values(self, axis: str) -> list[str]:
+        """Every value an axis takes in some framework, in first-seen order."""
+        if axis == "framework":
+            return list(self.frameworks)
+        seen: dict[str, None] = {}
+        for fw in self.frameworks.values():
+            seen.update(dict.fromkeys(fw.axes[axis]))
+        return list(seen)
+
+
+def default_spec_path() -> Path:
+    """The packaged matrix (wheel installs) or, in a source checkout, the repo's `matrix/`."""
+    packaged = resources.files("pytest_freezecompat") / "_matrix" / "matrix.toml"
+    if packaged.is_file():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "matrix" / "matrix.toml"
+
+
+class _Source:
+    """One TOML file and how to point at a line in it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.text = path.read_text()
+        except OSError as exc:
+            raise SpecError(f"{path}: cannot read matrix file ({exc.strerror})") from None
+        try:
+            self.data = tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{path}: {exc}") from None
+
+    def where(self, *needles: str) -> str:
+        """`file:line` of the first line that mentions all needles (best effort, for messages)."""
+        for number, line in enumerate(self.text.splitlines(), 1):
+            if all(n in line for n in needles):
+                return f"{self.path}:{number}"
+        return str(self.path)
+
+    def error(self, message: str, *needles: str) -> SpecError:
+        return SpecError(f"{self.where(*needles)}: {message}")
+
+
+def _str_list(src: _Source, value: Any, what: str, *needles: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise src.error(f"{what} must be a string or a list of strings", *needles)
+    return tuple(value)
+
+
+def _axis_values(src: _Source, value: Any, what: str) -> tuple[str, ...]:
+    values = _str_list(src, value, what, what.split(".")[-1])
+    if not values:
+        raise src.error(f"{what} lists no values", what.split(".")[-1])
+    for v in values:
+        if not VALUE_RE.match(v):
+            raise src.error(f"{what}: {v!r} is not a valid axis value (lowercase letters, digits and '-')", v)
+    return values
+
+
+def _load_models(src: _Source, table: Any, models: dict[str, dict[str, tuple[str, ...]]]) -> None:
+    if not isinstance(table, dict):
+        raise src.error("[models] must be a table", "models")
+    for name, body in table.items():
+        if name in models:
+            raise src.error(f"model {name!r} is defined twice", name)
+        groups = body.get("groups") if isinstance(body, dict) else None
+        if not isinstance(groups, dict) or not groups:
+            raise src.error(f"model {name!r} needs a [models.{name}.groups] table of name globs", name)
+        models[name] = {g: _str_list(src, globs, f"models.{name}.groups.{g}", g) for g, globs in groups.items()}
+
+
+PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features"}
+
+
+def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
+    patterns = {}
+    for pid, body in table.items():
+        if not VALUE_RE.match(pid):
+            raise src.error(f"freeze pattern id {pid!r} is not a valid axis value", pid)
+        if not isinstance(body, dict):
+            raise src.error(f"freeze.{pid} must be a table", pid)
+        unknown = set(body) - PATTERN_KEYS
+        if unknown:
+            raise src.error(f"freeze.{pid}: unknown key {sorted(unknown)[0]!r}; valid: {', '.join(sorted(PATTERN_KEYS))}",
+                            sorted(unknown)[0])
+        if "frozen" in body and "trainable" in body:
+            raise src.error(f"freeze.{pid}: give either `frozen` or `trainable`, not both", pid)
+
+        def groups(key: str, pattern_id: str = pid, entry: dict = body) -> tuple[str, ...]:
+            return _str_list(src, entry.get(key, []), f"freeze.{pattern_id}.{key}", key)
+
+        patterns[pid] = FreezePattern(
+            id=pid, frozen=groups("frozen"),
+            trainable=groups("trainable") if "trainable" in body else None,
+            optimizer=groups("optimizer") if "optimizer" in body else None,
+            unused=groups("unused"), features=groups("features"), description=str(body.get("description", "")),
+        )
+    return patterns
+
+
+FRAMEWORK_KEYS = {"framework", "adapter", "import", "models", "plugins", "init", "checkpoint", "freeze",
+                  "environment", "rule"}
+
+
+def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tuple[str, ...]]) -> Rule:
+    where = f"{src.path}, rule {index + 1}"
+    if not isinstance(body, dict):
+        raise SpecError(f"{where}: must be a table")
+    when_raw = body.get("when", {})
+    if not isinstance(when_raw, dict):
+        raise src.error(f"{fw} rule {index + 1}: `when` must be a table of axis = value(s)", "when")
+    when = {}
+    for axis, pats in when_raw.items():
+        if axis not in axes and axis != "framework":
+            raise src.error(f"{fw} rule {index + 1}: unknown axis {axis!r} in `when`; valid: "
+                            f"{', '.join(['framework', *axes])}", axis)
+        when[axis] = _str_list(src, pats, f"rule.when.{axis}", axis)
+    device = body.get("device")
+    if device is not None and device not in DEVICES:
+        raise src.error(f"{fw} rule {index + 1}: device must be one of {', '.join(DEVICES)}", "device")
+    effects = {k: v for k, v in body.items() if k in RULE_EFFECTS}
+    unknown = set(body) - set(RULE_EFFECTS) - {"when", "device"}
+    if unknown:
+        raise src.error(f"{fw} rule {index + 1}: unknown key {sorted(unknown)[0]!r}; effects: "
+                        f"{', '.join(RULE_EFFECTS)}", sorted(unknown)[0])
+    if not effects:
+        raise src.error(f"{fw} rule {index + 1} has no effect ({', '.join(RULE_EFFECTS)})", "when")
+    if "precision" in effects and effects["precision"] not in PRECISIONS:
+        raise src.error(f"{fw} rule {index + 1}: precision must be one of {', '.join(PRECISIONS)}", "precision")
+    return Rule(when, device, effects, where)
+
+
+def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -> tuple[Framework, Environment]:
+    name = body.get("framework", name_hint)
+    if not isinstance(name, str) or not VALUE_RE.match(name):
+        raise src.error("`framework = \"<name>\"` is missing or not a valid axis value", "framework")
+    unknown = set(body) - FRAMEWORK_KEYS
+    if unknown:
+        raise src.error(f"framework {name}: unknown key {sorted(unknown)[0]!r}; valid: {', '.join(sorted(FRAMEWORK_KEYS))}",
+                        sorted(unknown)[0])
+    for key in ("adapter", "plugins", "init", "checkpoint", "freeze", "models"):
+        if key not in body:
+            raise src.error(f"framework {name}: `{key}` is missing", "framework")
+    axes = {"model": _axis_values(src, body["models"], f"{name}.models"),
+            "plugin": _axis_values(src, body["plugins"], f"{name}.plugins"),
+            "init": _axis_values(src, body["init"], f"{name}.init"),
+            "checkpoint": _axis_values(src, body["checkpoint"], f"{name}.checkpoint"),
+            "freeze": _axis_values(src, body["freeze"], f"{name}.freeze")}
+    env = body.get("environment", {"name": name})
+    if not isinstance(env, dict) or not isinstance(env.get("name"), str):
+        raise src.error(f"framework {name}: [environment] needs `name`", "environment")
+    environment = Environment(env["name"], _str_list(src, env.get("install", []), "environment.install", "install"),
+                              (name,))
+    rules = body.get("rule", [])
+    if not isinstance(rules, list):
+        raise src.error(f"framework {name}: rules are written [[rule]]", "rule")
+    framework = Framework(
+        name=name, adapter=str(body["adapter"]), import_name=str(body.get("import", name)), axes=axes,
+        environment=environment.name, rules=tuple(_load_rule(src, name, i, r, axes) for i, r in enumerate(rules)),
+        where=src.where("framework"),
+    )
+    return framework, environment
+
+
+def load(path: str | Path | None = None) -> Spec:
+    """Load and cross-check a matrix; every problem is a one-line `SpecError`."""
+    root = _Source(Path(path) if path else default_spec_path())
+    if root.data.get("schema", SCHEMA) != SCHEMA:
+        raise root.error(f"schema {root.data.get('schema')!r} is not supported (this plugin reads {SCHEMA})", "schema")
+    models: dict[str, dict[str, tuple[str, ...]]] = {}
+    _load_models(root, root.data.get("models", {}), models)
+    patterns = _load_patterns(root, root.data.get("freeze", {}))
+    frameworks: dict[str, Framework] = {}
+    environments: dict[str, Environment] = {}
+    sources: dict[str, _Source] = {}
+
+    def add(src: _Source, body: dict[str, Any], hint: str | None) -> None:
+        framework, env = _load_framework(src, body, hint)
+        if framework.name in frameworks:
+            raise src.error(f"framework {framework.name!r} is defined twice (also at {frameworks[framework.name].where})",
+                            "framework")
+        frameworks[framework.name] = framework
+        sources[framework.name] = src
+        if env.name in environments:
+            known = environments[env.name]
+            environments[env.name] = Environment(env.name, known.install or env.install,
+                                                 known.frameworks + env.frameworks)
+        else:
+            environments[env.name] = env
+
+    for name, body in root.data.get("frameworks", {}).items():
+        add(root, body, name)
+    for file in sorted((root.path.parent / "frameworks").glob("*.toml")):
+        src = _Source(file)
+        own = src.data.get("models")
+        if isinstance(own, dict):
+            # `[models.<id>.groups]` in a framework file defines a model of its own and makes it
+            # an axis value; an empty `[models.<id>]` names a shared model.
+            _load_models(src, {k: v for k, v in own.items() if v}, models)
+            src.data["models"] = list(own)
+        add(src, src.data, file.stem)
+    if not frameworks:
+        raise root.error("the matrix defines no framework (frameworks/*.toml beside it, or [frameworks.<name>])")
+    for fw in frameworks.values():
+        src = sources[fw.name]
+        for pid in fw.axes["freeze"]:
+            if pid not in patterns:
+                raise src.error(f"framework {fw.name}: freeze pattern {pid!r} is not defined; known: "
+                                f"{', '.join(patterns)}", pid)
+        for model in fw.axes["model"]:
+            if model not in models:
+                raise src.error(f"framework {fw.name}: model {model!r} is not defined; known: {', '.join(models)}", model)
+            for pid in fw.axes["freeze"]:
+                pattern = patterns[pid]
+                for group in (*pattern.frozen, *(pattern.trainable or ()), *(pattern.optimizer or ()), *pattern.unused):
+                    if group != ALL_GROUP and group not in models[model]:
+                        raise src.error(f"freeze pattern {pid!r} names group {group!r}, which model {model!r} "
+                                        f"does not define", pid)
+    return Spec(root.path, models, patterns, frameworks, environments)
