@@ -140,9 +140,9 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
 
 def judge_records(records: list[dict[str, Any]], precision: str, pattern_id: str) -> Verdict:
     """Verdict for a cell whose ranks all replied."""
-    errors = [r for r in records if "error" in r]
+    errors = sorted((r["error"] for r in records if "error" in r), key=lambda e: e.get("at", 0.0))
     if errors:
-        err = errors[0]["error"]
+        err = errors[0]
         text = f"{err['type']}: {err['message']} (rank {err['rank']}, {err['phase']}, {err['where']})"
         if pattern_id == "all" and not err["phase"].startswith("step "):
             return Verdict("pass", None, f"{REFUSAL_NOTE}: {text}")

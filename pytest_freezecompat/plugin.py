@@ -112,6 +112,15 @@ class MatrixItem(pytest.Item):
         return self.path, 0, f"freeze-matrix {self.cell.id}"
 
 
+class MatrixCollector(pytest.Collector):
+    def __init__(self, *, run: MatrixRun, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run = run
+
+    def collect(self) -> list[pytest.Item]:
+        return [MatrixItem.from_parent(self, name=cell.id, cell=cell) for cell in self.run.cells]
+
+
 class MatrixSession:
     """Hooks that exist only when --freeze-matrix is on."""
 
@@ -122,12 +131,14 @@ class MatrixSession:
         """`pytest --freeze-matrix` alone runs just the matrix; name test paths to run them as well."""
         return True if config.args_source != pytest.Config.ArgsSource.ARGS else None
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
-        # tryfirst: the cells must be in `items` before -k, -m and --lf deselect.
-        for cell in self.run.cells:
-            items.append(MatrixItem.from_parent(session, name=cell.id, nodeid=f"freeze-matrix::{cell.id}",
-                                                cell=cell))
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        # The matrix is one more child of the session, collected like any test file.
+        report = yield
+        if isinstance(collector, pytest.Session) and report.passed:
+            report.result.append(MatrixCollector.from_parent(collector, name="freeze-matrix", nodeid="freeze-matrix",
+                                                              run=self.run))
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # In the xdist controller this sees every worker's reports; without xdist, our own.

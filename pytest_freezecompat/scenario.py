@@ -9,6 +9,7 @@ decides a verdict.
 from __future__ import annotations
 
 import importlib
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -111,7 +112,8 @@ def describe_error(exc: BaseException, phase: str, rank: int) -> dict[str, str]:
     where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
     first_line = (str(exc).strip().splitlines() or [""])[0]
     return {"type": type(exc).__name__, "message": first_line, "full_message": str(exc), "rank": str(rank),
-            "where": where, "phase": phase, "traceback": "".join(traceback.format_exception(exc))}
+            "where": where, "phase": phase, "traceback": "".join(traceback.format_exception(exc)),
+            "at": time.time()}  # ranks share a clock: the earliest error is the cause, the rest its echoes
 
 
 def _builder(cell: Cell) -> Callable[..., nn.Module]:

@@ -93,7 +93,9 @@ class _Source:
         try:
             self.data = tomllib.loads(self.text)
         except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"{path}: {exc}") from None
+            found = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+            where = f"{path}:{found.group(1)}" if found else str(path)
+            raise SpecError(f"{where}: invalid TOML: {exc}") from None
 
     def where(self, *needles: str) -> str:
         """`file:line` of the first line that mentions all needles (best effort, for messages)."""

@@ -178,7 +178,9 @@ def _materialize_dtensors(model: nn.Module, seed: int, device: torch.device) -> 
 
 class Adapter:
     def run(self, ctx: RunContext) -> None:
-        plugin = ctx.cell.key.plugin
+        self.run_plugin(ctx, ctx.cell.key.plugin)
+
+    def run_plugin(self, ctx: RunContext, plugin: str) -> None:
         meta = ctx.cell.key.init == "meta"
         ctx.probe.phase("build model")
         model = ctx.build_model(device="meta" if meta else ctx.device)

@@ -1,0 +1,78 @@
+"""Environments and jobs, read from the matrix data (matrix/frameworks/*.toml).
+
+Each framework pins its own torch, so each environment is its own virtualenv:
+  nox -t matrix   build every environment, run its slice of the matrix, merge into reports/
+  nox -t tests    build every environment, run the plugin's tests that belong to it
+  nox -s matrix-torch -- --freeze-matrix-select plugin=fsdp2   one slice, extra pytest args
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+SHARDS = ROOT / ".freeze-matrix" / "shards"
+PUBLISHED = ROOT / "reports"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+#: pytest's exit code 1 means "some cells are not pass": a finding of the matrix, not a broken job.
+MATRIX_EXIT_CODES = [0, 1]
+
+
+def environments() -> dict[str, dict[str, list[str]]]:
+    """Environment name -> its pins and the frameworks it owns, from the framework files."""
+    envs: dict[str, dict[str, list[str]]] = {}
+    for file in sorted((ROOT / "matrix" / "frameworks").glob("*.toml")):
+        data = tomllib.loads(file.read_text())
+        env = data.get("environment", {"name": data["framework"]})
+        entry = envs.setdefault(env["name"], {"install": [], "frameworks": []})
+        entry["install"] = entry["install"] or list(env.get("install", []))
+        entry["frameworks"].append(data["framework"])
+    return envs
+
+
+def _install(session: nox.Session, pins: list[str]) -> None:
+    # One pip call per requirement string, in order: some stacks must get their torch first.
+    for requirement in pins:
+        session.install(*requirement.split())
+    session.install("-e", ".[test]")
+
+
+def _matrix_session(name: str, pins: list[str]) -> None:
+    @nox.session(name=f"matrix-{name}", tags=["matrix"])
+    def matrix(session: nox.Session) -> None:
+        _install(session, pins)
+        session.run("pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
+                    f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", *session.posargs,
+                    success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
+
+
+def _tests_session(name: str, pins: list[str], frameworks: list[str]) -> None:
+    @nox.session(name=f"tests-{name}", tags=["tests"])
+    def tests(session: nox.Session) -> None:
+        _install(session, pins)
+        if name == "torch":  # the engine's own tests run once, in the torch environment
+            session.run("ruff", "check", ".")
+            session.run("pytest", "-n", "2", "--ignore-glob=tests/*/", "tests", *session.posargs)
+        paths = [f"tests/{fw}" for fw in frameworks if (ROOT / "tests" / fw).is_dir() and fw != "torch"]
+        if paths:
+            session.run("pytest", *paths, *session.posargs)
+
+
+for _name, _env in environments().items():
+    _matrix_session(_name, _env["install"])
+    _tests_session(_name, _env["install"], _env["frameworks"])
+
+
+@nox.session(tags=["matrix"], python=False)
+def report(session: nox.Session) -> None:
+    """Merge the shards of every environment into the published report."""
+    shards = [str(SHARDS / env / "matrix.json") for env in environments() if (SHARDS / env / "matrix.json").exists()]
+    if not shards:
+        session.error("no shard to merge: run `nox -t matrix` (or a matrix-<env> session) first")
+    session.run(sys.executable, "-m", "pytest_freezecompat.cli", "merge", *shards, "-o", str(PUBLISHED),
+                env={"PYTHONPATH": str(ROOT)})

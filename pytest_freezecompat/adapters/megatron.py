@@ -1,0 +1,439 @@
+"""Megatron-core: a real `GPTModel` (local layer spec) trained the way Megatron trains it.
+
+Per cell: `parallel_state.initialize_model_parallel` on the rank's default group, the
+model built for this rank's pipeline stage and tensor-parallel shard, frozen before
+wrapping (or, for the after-wrap scenario, after), wrapped in torch DDP or Megatron's
+`DistributedDataParallel` (optionally with the distributed optimizer), trained through
+Megatron's own schedule from `get_forward_backward_func`, clipped by the optimizer's
+`step()`. The view names everything by the full model's names (global layer index,
+TP shards and pipeline stages gathered), so the single-process `MirrorGPT` reference
+can be compared parameter by parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.distributed.param_and_grad_buffer import shard_buffer
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.optimizer import DistributedOptimizer, OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32, get_grad_norm_fp32
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import param_is_not_shared
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+from .. import models
+from ..cell import Cell
+from ..freeze import FreezePlan
+from .base import Batch, RunContext
+from .megatron_emulation import cuda_on_cpu
+
+MODEL_ID = "mcore-gpt"
+VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 64, 8, 16, 2, 4
+#: `<wrapper>-tp<N>` or `<wrapper>-pp<N>`: the parallel layout is part of the plugin id.
+PLUGIN_RE = re.compile(r"^(torch-ddp|megatron-ddp|megatron-ddp-distopt)-(tp|pp)(\d+)$")
+LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.")
+RECOMPUTE = {"none": {}, "full": {"recompute_granularity": "full", "recompute_method": "uniform",
+                                  "recompute_num_layers": 1},
+             "selective": {"recompute_granularity": "selective"}}
+#: A rule's `options = {freeze_after_wrap = true}` freezes after wrapping, as users sometimes do.
+FREEZE_AFTER_WRAP = "freeze_after_wrap"
+SEED_OFFSET = 2718
+
+
+@dataclass(frozen=True)
+class Layout:
+    wrapper: str  # "torch-ddp" | "megatron-ddp" | "megatron-ddp-distopt"
+    tp: int
+    pp: int
+
+
+def parse_plugin(plugin: str) -> Layout:
+    match = PLUGIN_RE.match(plugin)
+    if not match:
+        raise ValueError(f"megatron adapter has no plugin {plugin!r} (expected e.g. megatron-ddp-tp2, torch-ddp-pp2)")
+    wrapper, axis, size = match.group(1), match.group(2), int(match.group(3))
+    return Layout(wrapper, size if axis == "tp" else 1, size if axis == "pp" else 1)
+
+
+# -- the single-process reference: plain PyTorch with GPTModel's parameter names and math ------------------
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear_proj = nn.Linear(HIDDEN, HIDDEN)  # registered first, as in Megatron's Attention
+        self.linear_qkv = nn.Linear(HIDDEN, 3 * HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        # Megatron's fused QKV layout: per head [q | k | v] (num_query_groups == heads).
+        q, k, v = self.linear_qkv(x).view(b, s, HEADS, 3 * (h // HEADS)).split(h // HEADS, dim=-1)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.linear_proj(att.transpose(1, 2).reshape(b, s, h))
+
+
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(HIDDEN, 4 * HIDDEN)
+        self.linear_fc2 = nn.Linear(4 * HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+
+
+class _Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(HIDDEN, eps=1e-5)
+        self.self_attention = _Attention()
+        self.pre_mlp_layernorm = nn.LayerNorm(HIDDEN, eps=1e-5)
+        self.mlp = _MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attention(self.input_layernorm(x))
+        return x + self.mlp(self.pre_mlp_layernorm(x))
+
+
+class _Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer() for _ in range(LAYERS))
+        self.final_layernorm = nn.LayerNorm(HIDDEN, eps=1e-5)
+
+
+class _Embedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(VOCAB, HIDDEN)
+        self.position_embeddings = nn.Embedding(SEQ, HIDDEN)
+
+
+class MirrorGPT(nn.Module):
+    """`GPTModel(get_gpt_layer_local_spec())` at TP=PP=1, untied output, no dropout, in plain PyTorch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = _Embedding()
+        self.decoder = _Decoder()
+        self.output_layer = nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.embedding.word_embeddings(tokens) + self.embedding.position_embeddings(positions)
+        for layer in self.decoder.layers:
+            x = layer(x)
+        return self.output_layer(self.decoder.final_layernorm(x))
+
+
+def reference_model(cell: Cell) -> tuple[nn.Module, Callable[[nn.Module, Batch], torch.Tensor]]:
+    return MirrorGPT(), lambda model, batch: models.loss_fn(model(batch["tokens"]), batch["targets"])
+
+
+# -- the Megatron model on this rank -------------------------------------------------------------------------
+def transformer_config(cell: Cell, layout: Layout, on_cpu: bool, meta: bool) -> TransformerConfig:
+    if cell.precision != "fp32":
+        raise ValueError(f"the megatron adapter runs fp32 only, not {cell.precision}")
+    return TransformerConfig(
+        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=4 * HIDDEN,
+        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp, pipeline_dtype=torch.float32, params_dtype=torch.float32,
+        # perform_initialization stays on for meta: with it off, Megatron's CPU path never sets the TP attributes.
+        use_cpu_initialization=on_cpu or meta, **RECOMPUTE[cell.key.checkpoint],
+        # Megatron-LM's training hard-codes this: backward goes straight to the C++ autograd engine.
+        deallocate_pipeline_outputs=True,
+    )
+
+
+def global_names(model: nn.Module) -> dict[str, str]:
+    """Local name on this stage -> the full model's name (`decoder.layers.<global index>`)."""
+    names = {}
+    for local, _ in model.named_parameters():
+        match = LAYER_RE.match(local)
+        if match:
+            number = model.decoder.layers[int(match.group(1))].layer_number  # 1-based, global
+            names[local] = f"decoder.layers.{number - 1}.{local[match.end():]}"
+        else:
+            names[local] = local
+    return names
+
+
+def partition_dims(model: nn.Module) -> dict[str, int | None]:
+    """Which dim of each param is split across TP ranks (None: replicated), read from Megatron's attributes."""
+    return {local: p.partition_dim if getattr(p, "tensor_model_parallel", False) else None
+            for local, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def fill_deterministic(model: nn.Module, names: dict[str, str], dims: dict[str, int | None], seed: int) -> None:
+    """`models.init_weights` semantics on the full tensor, then this rank's TP shard of it."""
+    tp_size, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    for local, param in model.named_parameters():
+        shape, dim = list(param.shape), dims[local]
+        if dim is not None:
+            shape[dim] *= tp_size
+        full = models.deterministic_values(seed, names[local], torch.Size(shape))
+        if dim is not None:
+            full = full.chunk(tp_size, dim=dim)[tp_rank]
+        param.copy_(full.to(param.device, param.dtype))
+
+
+def _gather_full(local: dict[str, tuple[int | None, torch.Tensor | None]]) -> dict[str, torch.Tensor | None]:
+    """{full name: (partition dim or None, this rank's tensor)} on every rank -> full tensors (a collective)."""
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    mine = {name: (tp_rank, dim, None if t is None else t.detach().to("cpu", torch.float32).clone())
+            for name, (dim, t) in local.items()}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    shards: dict[str, dict[int, tuple[int | None, torch.Tensor | None]]] = {}
+    for entry in everyone:
+        for name, (rank, dim, tensor) in entry.items():
+            shards.setdefault(name, {}).setdefault(rank, (dim, tensor))  # data-parallel replicas: keep one
+    full: dict[str, torch.Tensor | None] = {}
+    for name, by_rank in shards.items():
+        parts = [by_rank[r] for r in sorted(by_rank)]
+        dim = parts[0][0]
+        if any(t is None for _, t in parts):
+            full[name] = None
+        else:
+            full[name] = parts[0][1] if dim is None else torch.cat([t for _, t in parts], dim=dim)
+    return full
+
+
+class _View:
+    """The rank's GPTModel stage, read back under the full model's names."""
+
+    def __init__(self, bare: GPTModel, names: dict[str, str], dims: dict[str, int | None], wrapped: nn.Module,
+                 optimizer: Any, layout: Layout) -> None:
+        self.bare = bare
+        self.names = names
+        self.dims = {names[local]: dim for local, dim in dims.items()}
+        self.wrapped = wrapped
+        self.optimizer = optimizer
+        self.layout = layout
+        if layout.wrapper == "torch-ddp":
+            self.grad_access = "param.grad (torch DDP); TP shards and pipeline stages gathered by name"
+        elif layout.wrapper == "megatron-ddp":
+            self.grad_access = "param.main_grad (Megatron DDP grad buffer; param.grad is None after backward)"
+        else:
+            self.grad_access = ("param.main_grad is reduced only on this rank's shard of each bucket "
+                                "(reduce-scatter): all-gather shard_buffer(bucket.grad_data)[dp_rank] over the "
+                                "data-parallel group, then slice by buffer.param_index_map")
+
+    def _params(self) -> Iterator[tuple[str, nn.Parameter]]:
+        for local, param in self.bare.named_parameters():
+            yield self.names[local], param
+
+    def requires_grad_flags(self) -> dict[str, bool]:
+        return {name: param.requires_grad for name, param in self._params()}
+
+    def tracked_names(self) -> set[str]:
+        by_id = {id(p): name for name, p in self._params()}
+        local = {by_id[id(p)] for p in _optimizer_model_params(self.optimizer)}
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, sorted(local))  # the distributed optimizer holds a shard per rank
+        return set().union(*everyone)
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        return _gather_full({name: (self.dims[name], p) for name, p in self._params()})
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        if self.layout.wrapper == "torch-ddp":
+            local = {name: p.grad for name, p in self._params()}
+        elif self.layout.wrapper == "megatron-ddp":
+            local = {name: getattr(p, "main_grad", None) for name, p in self._params()}
+        else:
+            local = self._distopt_grads()
+        return _gather_full({name: (self.dims[name], grad) for name, grad in local.items()})
+
+    def _distopt_grads(self) -> dict[str, torch.Tensor | None]:
+        """After the reduce-scatter only this rank's shard of each bucket is reduced: gather the shards."""
+        group = ps.get_data_parallel_group()
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        grads: dict[int, torch.Tensor] = {}
+        for buffer in self.wrapped.buffers + self.wrapped.expert_parallel_buffers:
+            gathered = []
+            for bucket in buffer.buckets:
+                shards = [torch.empty_like(s) for s in shard_buffer(bucket.grad_data, size)]
+                dist.all_gather(shards, shard_buffer(bucket.grad_data, size)[rank].contiguous(), group=group)
+                gathered.append(torch.cat(shards))
+            # param_index_map holds the padded offsets the distributed optimizer really uses.
+            for param, (start, end, bucket_id) in buffer.param_index_map.items():
+                offset = buffer.buckets[bucket_id].offset
+                grads[id(param)] = gathered[bucket_id][start - offset:end - offset].view(param.shape)
+        return {name: grads.get(id(p)) for name, p in self._params()}
+
+
+def _optimizer_model_params(optimizer: Any) -> list[nn.Parameter]:
+    """The model params an optimizer updates: the distributed optimizer holds shards, mapped back here."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [p for group in optimizer.param_groups for p in group["params"]]
+    params: list[nn.Parameter] = []
+    for opt in optimizer.chained_optimizers:
+        if isinstance(opt, DistributedOptimizer):
+            # A rank with nothing to train gets a DistributedOptimizer without these groups.
+            groups = getattr(opt, "model_float16_groups", []) + getattr(opt, "model_fp32_groups", [])
+            params += [p for group in groups for p in group]
+        elif opt.optimizer is not None:
+            params += [p for group in opt.optimizer.param_groups for p in group["params"]]
+    return params
+
+
+def _freeze(model: nn.Module, names: dict[str, str], plan: FreezePlan) -> None:
+    """The same rule on every rank; each stage touches only the modules it owns (pre/post_process)."""
+    for local, param in model.named_parameters():
+        param.requires_grad_(names[local] in plan.trainable)
+
+
+def _microbatches(ctx: RunContext, step: int, layout: Layout) -> list[Batch]:
+    """This data-parallel rank's rows of the global batch, as the pipeline's microbatches."""
+    batch = ctx.batches[step]
+    dp_size, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    rows = batch["tokens"].shape[0] // dp_size
+    mine = {k: v[dp_rank * rows:(dp_rank + 1) * rows].to(ctx.device) for k, v in batch.items()}
+    count = layout.pp  # one microbatch per stage keeps the 1F1B schedule honest at pp > 1
+    return [{k: v.chunk(count)[i] for k, v in mine.items()} for i in range(count)]
+
+
+def _forward_step(data: Iterator[Batch], model: nn.Module) -> tuple[torch.Tensor, Callable]:
+    batch = next(data)
+    tokens = batch["tokens"]
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    per_token = model(tokens, positions, None, labels=batch["targets"])
+
+    def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        total = output.float().sum()
+        return total, torch.tensor(output.numel(), dtype=torch.int), {"lm loss": total.detach()}
+
+    return per_token, loss_func
+
+
+def _materialize(ctx: RunContext, model: nn.Module, names: dict[str, str]) -> None:
+    """`to_empty` (PyTorch's way; Megatron's local layers have no other) re-creates every param from meta.
+
+    The new params keep `requires_grad` but lose Megatron's per-param attributes (tensor_model_parallel,
+    partition_dim, allreduce, ...), which its grad-norm and buffers read: copy them back, as a user must.
+    """
+    attributes = {local: dict(vars(p)) for local, p in model.named_parameters()}
+    model.to_empty(device=ctx.device)
+    dropped = set()
+    for local, param in model.named_parameters():
+        missing = {k: v for k, v in attributes[local].items() if k not in vars(param)}
+        dropped.update(missing)
+        vars(param).update(missing)
+    if dropped and ctx.rank == 0:
+        ctx.probe.note(f"to_empty() dropped Megatron's param attributes ({', '.join(sorted(dropped))}); "
+                       "the adapter copied them back from the meta params")
+
+
+class Adapter:
+    def reference_model(self, cell: Cell) -> tuple[nn.Module, Callable[[nn.Module, Batch], torch.Tensor]]:
+        return reference_model(cell)
+
+    def run(self, ctx: RunContext) -> None:
+        with contextlib.ExitStack() as stack:
+            if ctx.cell.emulation:
+                for what in stack.enter_context(cuda_on_cpu()):
+                    ctx.probe.emulated(what)
+            self._run(ctx, stack)
+
+    def _run(self, ctx: RunContext, stack: contextlib.ExitStack) -> None:
+        layout = parse_plugin(ctx.cell.key.plugin)
+        meta = ctx.cell.key.init == "meta"
+        after_wrap = bool(ctx.cell.options.get(FREEZE_AFTER_WRAP, False))
+        ctx.probe.phase(f"initialize_model_parallel(tp={layout.tp}, pp={layout.pp})")
+        ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp)
+        stack.callback(ps.destroy_model_parallel)
+        tensor_parallel.model_parallel_cuda_manual_seed(ctx.cell.hyper.seed + SEED_OFFSET)
+
+        ctx.probe.phase("build model")
+        config = transformer_config(ctx.cell, layout, ctx.device.type == "cpu", meta)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            bare = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
+                            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+        names, dims = global_names(bare), partition_dims(bare)
+        with torch.device("meta"):
+            plan = ctx.resolve_plan(MirrorGPT())  # the full model's names, whatever this stage owns
+        if not after_wrap:
+            _freeze(bare, names, plan)
+        if meta:
+            _materialize(ctx, bare, names)
+        fill_deterministic(bare, names, dims, ctx.cell.hyper.seed)
+
+        ctx.probe.phase(f"wrap ({layout.wrapper})")
+        wrapped, optimizer = self._wrap(ctx, config, bare, layout, names, plan, after_wrap)
+        dist.barrier()
+        self._train(ctx, layout, config, _View(bare, names, dims, wrapped, optimizer, layout))
+
+    def _wrap(self, ctx: RunContext, config: TransformerConfig, bare: GPTModel, layout: Layout,
+              names: dict[str, str], plan: FreezePlan, after_wrap: bool) -> tuple[nn.Module, Any]:
+        h = ctx.cell.hyper
+        if layout.wrapper == "torch-ddp":
+            device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            wrapped: nn.Module = TorchDDP(bare, device_ids=device_ids, process_group=ps.get_data_parallel_group())
+            if after_wrap:
+                _freeze(bare, names, plan)
+            chosen = [p for local, p in bare.named_parameters() if names[local] in plan.optimized and p.requires_grad]
+            return wrapped, ctx.make_optimizer(chosen)
+        distopt = layout.wrapper == "megatron-ddp-distopt"
+        wrapped = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=distopt),
+                                          bare)
+        if after_wrap:
+            _freeze(bare, names, plan)
+        config.finalize_model_grads_func = finalize_model_grads
+        # config_overrides={} keeps weight decay on biases and norms: plain AdamW, like the reference.
+        opt_config = OptimizerConfig(optimizer="adam", lr=h.lr, adam_beta1=h.betas[0], adam_beta2=h.betas[1],
+                                     adam_eps=h.eps, weight_decay=h.weight_decay, clip_grad=h.max_norm,
+                                     use_distributed_optimizer=distopt)
+        return wrapped, get_megatron_optimizer(opt_config, [wrapped], config_overrides={})
+
+    def _train(self, ctx: RunContext, layout: Layout, config: TransformerConfig, view: _View) -> None:
+        bare, wrapped, optimizer = view.bare, view.wrapped, view.optimizer
+        config.no_sync_func = wrapped.no_sync
+        forward_backward = get_forward_backward_func()
+        ctx.probe.wrapped(view)
+        for step in range(ctx.cell.hyper.steps):
+            ctx.probe.phase(f"step {step}: forward/backward")
+            micro = _microbatches(ctx, step, layout)
+            if layout.wrapper == "torch-ddp":
+                optimizer.zero_grad(set_to_none=True)
+                bare.zero_grad(set_to_none=True)
+            else:
+                wrapped.zero_grad_buffer()
+                optimizer.zero_grad()
+            forward_backward(forward_step_func=_forward_step, data_iterator=iter(micro), model=[wrapped],
+                             num_microbatches=len(micro), seq_length=SEQ,
+                             micro_batch_size=micro[0]["tokens"].shape[0], forward_only=False)
+            ctx.probe.after_backward(step, view)
+            ctx.probe.phase(f"step {step}: clip + optimizer step")
+            if layout.wrapper == "torch-ddp":
+                norm = _clip_torch_ddp(bare, ctx.cell.hyper.max_norm)
+                ctx.probe.clipped(step, norm, "megatron.core.optimizer.clip_grads.get_grad_norm_fp32 over the "
+                                              "model-parallel group (then clip_grad_by_total_norm_fp32)")
+                optimizer.step()
+            else:
+                _, norm, _ = optimizer.step()
+                ctx.probe.clipped(step, norm, "returned by MegatronOptimizer.step() (clip_grad = max_norm)")
+            ctx.probe.after_step(step, view)
+
+
+def _clip_torch_ddp(model: nn.Module, max_norm: float) -> float:
+    """Megatron's own TP/PP-aware clipping for a model Megatron's optimizer does not own."""
+    with_grad = [p for p in model.parameters() if p.grad is not None]
+    for_norm = [p.grad for p in with_grad if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
+    norm = get_grad_norm_fp32(for_norm, grad_stats_parallel_group=ps.get_model_parallel_group())
+    clip_grad_by_total_norm_fp32(with_grad, max_norm, norm)
+    return float(norm)

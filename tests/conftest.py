@@ -1,0 +1,32 @@
+"""Shared fixtures: paths to the small test matrices, and pytester runs in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+SPECS = TESTS / "specs"
+
+
+@pytest.fixture
+def small_spec() -> Path:
+    return SPECS / "small.toml"
+
+
+@pytest.fixture
+def run_matrix(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Run `pytest --freeze-matrix ...` in a fresh subprocess; return (result, report or None)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("FREEZECOMPAT_ENVIRONMENT", raising=False)
+
+    def run(*args: str, report_dir: str = "report", cache: bool = False):
+        result = pytester.runpytest_subprocess("--freeze-matrix", f"--freeze-matrix-report={report_dir}",
+                                               *(() if cache else ("-p", "no:cacheprovider")), *args)
+        path = pytester.path / report_dir / "matrix.json"
+        return result, (json.loads(path.read_text()) if path.exists() else None)
+
+    return run

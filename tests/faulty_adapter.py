@@ -1,0 +1,35 @@
+"""An adapter that misbehaves on purpose, to prove the runner survives hangs and crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch.distributed as dist
+
+from pytest_freezecompat.adapters.base import RunContext
+from pytest_freezecompat.adapters.torch_native import Adapter as TorchAdapter
+
+
+def wait_for_ever_in_sleep() -> None:
+    while True:
+        time.sleep(0.1)
+
+
+class Adapter:
+    def run(self, ctx: RunContext) -> None:
+        plugin = ctx.cell.key.plugin
+        ctx.probe.phase(f"misbehave: {plugin}")
+        if plugin == "hang":
+            wait_for_ever_in_sleep()
+        elif plugin == "crash" and ctx.rank == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif plugin == "raise-on-rank-1":
+            if ctx.rank == 1:
+                raise RuntimeError("deliberate failure on rank 1")
+            dist.barrier()  # rank 0 waits for a peer that will never come
+        if plugin.startswith("ok"):
+            TorchAdapter().run_plugin(ctx, "ddp")  # real DDP training on the restarted pool
+        else:
+            dist.barrier()

@@ -1,0 +1,131 @@
+"""The verdict logic on hand-made records: each check must be able to fail."""
+
+import numpy as np
+import pytest
+
+from pytest_freezecompat import checks
+from pytest_freezecompat.pool import CellRun, RankState
+
+NAMES = ["emb", "w", "b"]
+
+
+def arr(*values):
+    return np.array(values, dtype=np.float32)
+
+
+def base_record(rank=0):
+    """Two params train (w, b), emb is frozen; the framework saw exactly what the reference saw."""
+    initial = {"emb": arr(1, 1), "w": arr(1, 2), "b": arr(0.5)}
+    grads = {"emb": None, "w": arr(0.1, -0.2), "b": arr(0.3)}
+    params = {"emb": arr(1, 1), "w": arr(0.99, 2.01), "b": arr(0.49)}
+    step = {"grads": grads, "norm": 0.374, "norm_source": "returned", "params": params}
+    return {
+        "rank": rank, "notes": [], "requires_grad": {"emb": False, "w": True, "b": True}, "tracked": ["w", "b"],
+        "plan": {"names": NAMES, "trainable": ["w", "b"], "optimized": ["w", "b"], "unused": []},
+        "initial": initial, "steps": [dict(step)],
+        "reference": {"steps": [{"grads": dict(grads), "norm": 0.374, "params": dict(params)}]},
+    }
+
+
+def judge(record, pattern="embedding"):
+    return checks.judge_records([record], "fp32", pattern)
+
+
+def test_identical_to_reference_passes():
+    assert judge(base_record()).status == "pass"
+
+
+def test_wrapping_that_flips_requires_grad_fails_that_check():
+    record = base_record()
+    record["requires_grad"]["emb"] = True
+    verdict = judge(record)
+    assert (verdict.status, verdict.check) == ("fail", "requires_grad")
+    assert "emb (False->True)" in verdict.message
+
+
+def test_optimizer_tracking_more_than_intended_fails():
+    record = base_record()
+    record["tracked"].append("emb")
+    verdict = judge(record)
+    assert (verdict.status, verdict.check) == ("fail", "optimizer")
+    assert "tracks 1 unintended: emb" in verdict.message
+
+
+def test_tracked_names_are_the_union_over_ranks():
+    lead, other = base_record(0), base_record(1)
+    lead["tracked"], other["tracked"] = ["w"], ["b"]
+    assert checks.judge_records([lead, other], "fp32", "embedding").status == "pass"
+
+
+def test_missing_grad_on_a_trainable_param_is_a_silent_failure_caught():
+    record = base_record()
+    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "w": None}
+    verdict = judge(record)
+    assert (verdict.status, verdict.check) == ("fail", "grads")
+    assert "no grad on trainable: w" in verdict.message
+
+
+def test_grad_that_differs_from_reference_fails():
+    record = base_record()
+    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "w": arr(0.2, -0.2)}
+    assert judge(record).check == "grads"
+
+
+def test_zero_filled_grad_on_frozen_param_is_only_noted():
+    record = base_record()
+    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "emb": arr(0, 0)}
+    verdict = judge(record)
+    assert verdict.status == "pass"
+    assert any("zero-filled grad" in n and "emb" in n for n in verdict.notes)
+
+
+def test_grad_norm_mismatch_fails_and_missing_norm_is_noted():
+    record = base_record()
+    record["steps"][0]["norm"] = 0.5
+    assert judge(record).check == "grad_norm"
+    record["steps"][0]["norm"], record["steps"][0]["norm_source"] = None, "plugin exposes no norm"
+    verdict = judge(record)
+    assert verdict.status == "pass" and any("not verified: plugin exposes no norm" in n for n in verdict.notes)
+
+
+def test_frozen_param_that_moves_by_one_ulp_fails():
+    record = base_record()
+    moved = np.nextafter(arr(1, 1), np.float32(2))
+    record["steps"][0]["params"] = {**record["steps"][0]["params"], "emb": moved}
+    verdict = judge(record)
+    assert (verdict.status, verdict.check) == ("fail", "update")
+    assert "must stay fixed changed: emb" in verdict.message
+
+
+def test_update_beyond_tolerance_fails_within_tolerance_passes():
+    record = base_record()
+    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": arr(0.99 + 5e-4, 2.01)}
+    assert judge(record).status == "pass"
+    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": arr(0.98, 2.01)}
+    assert judge(record).check == "update"
+
+
+def error_record(rank, phase, at, message="boom"):
+    return {"rank": rank, "notes": [], "steps": [], "error": {
+        "type": "RuntimeError", "message": message, "rank": str(rank), "where": "x.py:1 in f", "phase": phase,
+        "traceback": "...", "at": at}}
+
+
+def test_an_error_is_reported_from_the_rank_that_raised_first():
+    verdict = checks.judge_records([error_record(0, "step 0: forward/backward", 2.0, "echo"),
+                                    error_record(1, "step 0: forward/backward", 1.0, "cause")], "fp32", "none")
+    assert verdict.status == "error" and "cause (rank 1" in verdict.message
+
+
+@pytest.mark.parametrize(("phase", "status"), [("wrap (ddp)", "pass"), ("step 0: forward/backward", "error")])
+def test_all_frozen_passes_only_when_refused_before_the_first_step(phase, status):
+    verdict = checks.judge_records([error_record(0, phase, 1.0)], "fp32", "all")
+    assert verdict.status == status
+
+
+def test_timeout_and_crash_verdicts_name_every_rank():
+    ranks = [RankState(0, phase="step 1: clip"), RankState(1, phase="wrap", exit="killed by signal SIGSEGV")]
+    crash = checks.judge(CellRun("crash", ranks, 1.0), "fp32", "none", 30)
+    assert crash.status == "crash" and "rank 1 killed by signal SIGSEGV during wrap" in crash.message
+    hang = checks.judge(CellRun("timeout", ranks, 30.0), "fp32", "none", 30)
+    assert hang.status == "timeout" and "rank 0: step 1: clip; rank 1: wrap" in hang.message

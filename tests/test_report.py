@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from pytest_freezecompat.cli import main as cli
+from pytest_freezecompat.report import markdown, merge, schema, write
+
+
+def cell(plugin="ddp", freeze="none", status="pass", framework="torch", **extra):
+    return {"id": f"tiny-gpt/{framework}/{plugin}/eager/none/{freeze}", "model": "tiny-gpt", "framework": framework,
+            "plugin": plugin, "init": "eager", "checkpoint": "none", "freeze": freeze, "environment": framework,
+            "status": status, "check": None, "message": "", "grad_access": "param.grad", **extra}
+
+
+ENVS = {"torch": {"python": "3.11.7", "torch": "2.13.0", "frameworks": {"torch": "2.13.0"}, "device": "cpu",
+                  "backend": "gloo"}}
+
+
+def test_write_produces_json_and_markdown_and_self_ignores(tmp_path):
+    report = write.build(ENVS, [cell(), cell(freeze="embedding", status="error", message="ValueError: x")])
+    out = tmp_path / "out"
+    write.write(out, report, self_ignoring=True)
+    statuses = {c["freeze"]: c["status"] for c in schema.load(out / "matrix.json")["cells"]}
+    assert statuses == {"none": "pass", "embedding": "error"}
+    md = (out / "matrix.md").read_text()
+    assert "| freeze | ddp |" in md and "| embedding | 💥 |" in md
+    assert "ValueError: x" in md
+    assert (out / ".gitignore").read_text().endswith("*\n")
+    assert not [p for p in out.iterdir() if p.name.startswith(".matrix")]  # no temp files left behind
+
+
+def test_markdown_marks_emulated_cells_and_groups_checkpoint_modes():
+    cells = [cell(status="pass"), cell(status="fail", emulation=True, check="grads", message="no grad")]
+    cells[1]["id"], cells[1]["checkpoint"] = "tiny-gpt/torch/ddp/eager/reentrant/none", "reentrant"
+    md = markdown.render(write.build(ENVS, cells))
+    assert "checkpoint: none · reentrant" in md
+    assert "| none | ✅❌ᴱ |" in md
+    assert "(check `grads`) — no grad" in md
+
+
+def test_merge_joins_environments_and_refuses_duplicates():
+    a = write.build(ENVS, [cell()])
+    b = write.build({"colossalai": {**ENVS["torch"]}}, [cell(framework="colossalai", plugin="gemini")])
+    merged = merge.merge([("a.json", a), ("b.json", b)])
+    assert set(merged["environments"]) == {"torch", "colossalai"} and len(merged["cells"]) == 2
+    with pytest.raises(schema.ReportError, match="duplicate cell"):
+        merge.merge([("a.json", a), ("again.json", a)])
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "invalid JSON"),
+    ('{"cells": []}', "no schema field"),
+    ('{"schema": 99, "cells": [], "environments": {}}', "report schema 99, this tool reads schema 1"),
+    ('{"schema": 1, "cells": [{"id": "x"}], "environments": {}}', "cell 0 lacks"),
+])
+def test_loader_refuses_corrupt_and_foreign_reports(tmp_path, content, message):
+    path = tmp_path / "m.json"
+    path.write_text(content)
+    with pytest.raises(schema.ReportError, match=message):
+        schema.load(path)
+
+
+def test_cli_merge_and_its_one_line_error(tmp_path, capsys):
+    for name, fw in (("a", "torch"), ("b", "megatron")):
+        (tmp_path / name).mkdir()
+        write.write(tmp_path / name, write.build(ENVS, [cell(framework=fw)]))
+    assert cli(["merge", str(tmp_path / "a/matrix.json"), str(tmp_path / "b/matrix.json"), "-o",
+                str(tmp_path / "all")]) == 0
+    assert len(json.loads((tmp_path / "all/matrix.json").read_text())["cells"]) == 2
+    (tmp_path / "bad.json").write_text("[]")
+    assert cli(["merge", str(tmp_path / "bad.json"), "-o", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

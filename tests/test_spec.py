@@ -1,0 +1,112 @@
+from pathlib import Path
+
+import pytest
+
+from pytest_freezecompat import spec
+
+
+def write(tmp_path: Path, text: str, name: str = "matrix.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+schema = 1
+[models.m.groups]
+embedding = ["tok_emb.*"]
+[freeze.none]
+[freeze.embedding]
+frozen = ["embedding"]
+[frameworks.torch]
+adapter = "pytest_freezecompat.adapters.torch_native:Adapter"
+models = ["m"]
+plugins = ["ddp"]
+init = ["eager"]
+checkpoint = ["none"]
+freeze = ["none", "embedding"]
+"""
+
+
+def test_default_matrix_loads_with_the_torch_row():
+    loaded = spec.load()
+    assert "torch" in loaded.frameworks
+    torch_row = loaded.frameworks["torch"]
+    assert torch_row.axes["plugin"] == ("ddp", "ddp-find-unused", "fsdp1", "fsdp1-orig-params", "fsdp2")
+    assert set(loaded.patterns) >= {"none", "embedding", "decoder", "output", "all-but-last", "bias-only", "lora",
+                                    "unused-branch", "optimizer-subset", "all"}
+    assert loaded.environments["torch"].install == ("torch==2.13.0",)
+
+
+def test_one_file_matrix(tmp_path):
+    loaded = spec.load(write(tmp_path, GOOD))
+    assert loaded.values("freeze") == ["none", "embedding"]
+
+
+def test_toml_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, GOOD.replace("[freeze.none]", "[freeze.none]\noops here"))
+    with pytest.raises(spec.SpecError, match=rf"^{path}:6: invalid TOML"):
+        spec.load(path)
+
+
+def test_unknown_pattern_key_points_at_its_line(tmp_path):
+    path = write(tmp_path, GOOD.replace('frozen = ["embedding"]', 'frozen = ["embedding"]\nfrozn = []'))
+    with pytest.raises(spec.SpecError, match=rf"^{path}:8: freeze.embedding: unknown key 'frozn'"):
+        spec.load(path)
+
+
+def test_framework_naming_an_undefined_pattern(tmp_path):
+    path = write(tmp_path, GOOD.replace('freeze = ["none", "embedding"]', 'freeze = ["none", "lora"]'))
+    with pytest.raises(spec.SpecError, match="freeze pattern 'lora' is not defined; known: none, embedding"):
+        spec.load(path)
+
+
+def test_pattern_naming_a_group_the_model_lacks(tmp_path):
+    path = write(tmp_path, GOOD.replace('frozen = ["embedding"]', 'frozen = ["vision"]'))
+    with pytest.raises(spec.SpecError, match="names group 'vision', which model 'm' does not define"):
+        spec.load(path)
+
+
+def test_axis_values_may_not_contain_the_id_separator(tmp_path):
+    path = write(tmp_path, GOOD.replace('plugins = ["ddp"]', 'plugins = ["ddp/x"]'))
+    with pytest.raises(spec.SpecError, match="'ddp/x' is not a valid axis value"):
+        spec.load(path)
+
+
+def test_rule_with_unknown_effect(tmp_path):
+    path = write(tmp_path, GOOD + '[[frameworks.torch.rule]]\nwhen = {plugin = "ddp"}\nskipp = "x"\n')
+    with pytest.raises(spec.SpecError, match="rule 1: unknown key 'skipp'"):
+        spec.load(path)
+
+
+def test_wrong_schema_is_refused(tmp_path):
+    with pytest.raises(spec.SpecError, match="schema 2 is not supported"):
+        spec.load(write(tmp_path, GOOD.replace("schema = 1", "schema = 2")))
+
+
+def test_missing_file_is_one_line(tmp_path):
+    with pytest.raises(spec.SpecError, match="cannot read matrix file"):
+        spec.load(tmp_path / "nope.toml")
+
+
+def test_framework_files_beside_the_matrix_may_define_their_own_model(tmp_path):
+    base = GOOD.split("[frameworks.torch]")[0]
+    write(tmp_path, base)
+    (tmp_path / "frameworks").mkdir()
+    write(tmp_path / "frameworks", """
+framework = "mega"
+adapter = "x:Adapter"
+plugins = ["p"]
+init = ["eager"]
+checkpoint = ["none"]
+freeze = ["none", "embedding"]
+[environment]
+name = "mega-env"
+install = ["torch==2.13.0", "megatron-core==0.16.1"]
+[models.mcore.groups]
+embedding = ["embedding.*"]
+""", "mega.toml")
+    loaded = spec.load(tmp_path / "matrix.toml")
+    assert loaded.frameworks["mega"].axes["model"] == ("mcore",)
+    assert loaded.models["mcore"] == {"embedding": ("embedding.*",)}
+    assert loaded.environments["mega-env"].frameworks == ("mega",)
