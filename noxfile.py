@@ -9,10 +9,10 @@ Each framework pins its own torch, so each environment is its own virtualenv:
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 
 import nox
+import tomllib
 
 ROOT = Path(__file__).parent
 SHARDS = ROOT / ".freeze-matrix" / "shards"

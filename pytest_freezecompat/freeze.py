@@ -71,7 +71,8 @@ def _names_in_groups(groups: Iterable[str], group_globs: Mapping[str, Iterable[s
         for glob in group_globs[group]:
             hits = fnmatch.filter(names, glob)
             if not hits:
-                raise PatternError(f"freeze pattern {pattern_id!r}: glob {glob!r} of group {group!r} matches no parameter")
+                raise PatternError(
+                    f"freeze pattern {pattern_id!r}: glob {glob!r} of group {group!r} matches no parameter")
             selected.update(hits)
     return selected
 

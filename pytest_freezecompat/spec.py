@@ -108,6 +108,12 @@ class _Source:
         return SpecError(f"{self.where(*needles)}: {message}")
 
 
+def _reject_unknown_keys(src: _Source, body: dict[str, Any], valid: set[str], what: str) -> None:
+    unknown = sorted(set(body) - valid)
+    if unknown:
+        raise src.error(f"{what}: unknown key {unknown[0]!r}; valid: {', '.join(sorted(valid))}", unknown[0])
+
+
 def _str_list(src: _Source, value: Any, what: str, *needles: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
@@ -148,10 +154,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
             raise src.error(f"freeze pattern id {pid!r} is not a valid axis value", pid)
         if not isinstance(body, dict):
             raise src.error(f"freeze.{pid} must be a table", pid)
-        unknown = set(body) - PATTERN_KEYS
-        if unknown:
-            raise src.error(f"freeze.{pid}: unknown key {sorted(unknown)[0]!r}; valid: {', '.join(sorted(PATTERN_KEYS))}",
-                            sorted(unknown)[0])
+        _reject_unknown_keys(src, body, PATTERN_KEYS, f"freeze.{pid}")
         if "frozen" in body and "trainable" in body:
             raise src.error(f"freeze.{pid}: give either `frozen` or `trainable`, not both", pid)
 
@@ -188,10 +191,7 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
     if device is not None and device not in DEVICES:
         raise src.error(f"{fw} rule {index + 1}: device must be one of {', '.join(DEVICES)}", "device")
     effects = {k: v for k, v in body.items() if k in RULE_EFFECTS}
-    unknown = set(body) - set(RULE_EFFECTS) - {"when", "device"}
-    if unknown:
-        raise src.error(f"{fw} rule {index + 1}: unknown key {sorted(unknown)[0]!r}; effects: "
-                        f"{', '.join(RULE_EFFECTS)}", sorted(unknown)[0])
+    _reject_unknown_keys(src, body, {*RULE_EFFECTS, "when", "device"}, f"{fw} rule {index + 1}")
     if not effects:
         raise src.error(f"{fw} rule {index + 1} has no effect ({', '.join(RULE_EFFECTS)})", "when")
     if "precision" in effects and effects["precision"] not in PRECISIONS:
@@ -203,10 +203,7 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
     name = body.get("framework", name_hint)
     if not isinstance(name, str) or not VALUE_RE.match(name):
         raise src.error("`framework = \"<name>\"` is missing or not a valid axis value", "framework")
-    unknown = set(body) - FRAMEWORK_KEYS
-    if unknown:
-        raise src.error(f"framework {name}: unknown key {sorted(unknown)[0]!r}; valid: {', '.join(sorted(FRAMEWORK_KEYS))}",
-                        sorted(unknown)[0])
+    _reject_unknown_keys(src, body, FRAMEWORK_KEYS, f"framework {name}")
     for key in ("adapter", "plugins", "init", "checkpoint", "freeze", "models"):
         if key not in body:
             raise src.error(f"framework {name}: `{key}` is missing", "framework")
@@ -246,8 +243,8 @@ def load(path: str | Path | None = None) -> Spec:
     def add(src: _Source, body: dict[str, Any], hint: str | None) -> None:
         framework, env = _load_framework(src, body, hint)
         if framework.name in frameworks:
-            raise src.error(f"framework {framework.name!r} is defined twice (also at {frameworks[framework.name].where})",
-                            "framework")
+            first = frameworks[framework.name].where
+            raise src.error(f"framework {framework.name!r} is defined twice (also at {first})", "framework")
         frameworks[framework.name] = framework
         sources[framework.name] = src
         if env.name in environments:
@@ -278,7 +275,8 @@ def load(path: str | Path | None = None) -> Spec:
                                 f"{', '.join(patterns)}", pid)
         for model in fw.axes["model"]:
             if model not in models:
-                raise src.error(f"framework {fw.name}: model {model!r} is not defined; known: {', '.join(models)}", model)
+                raise src.error(f"framework {fw.name}: model {model!r} is not defined; known: {', '.join(models)}",
+                                model)
             for pid in fw.axes["freeze"]:
                 pattern = patterns[pid]
                 for group in (*pattern.frozen, *(pattern.trainable or ()), *(pattern.optimizer or ()), *pattern.unused):

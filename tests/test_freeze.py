@@ -56,7 +56,7 @@ def test_apply_sets_requires_grad_on_the_bare_model():
 
 def test_a_glob_that_matches_nothing_is_an_error():
     pattern = freeze.FreezePattern("x", frozen=("ghost",))
-    with pytest.raises(freeze.PatternError, match="glob 'nothing.*' of group 'ghost' matches no parameter"):
+    with pytest.raises(freeze.PatternError, match=r"glob 'nothing\.\*' of group 'ghost' matches no parameter"):
         freeze.resolve(pattern, {"ghost": ("nothing.*",)}, ["a.weight"])
 
 

@@ -40,7 +40,7 @@ def test_collect_only_lists_one_item_per_cell_and_runs_nothing(run_matrix):
 
 
 def test_keyword_selection_and_exit_on_first_failure(run_matrix):
-    result, report = run_matrix(SMALL, "-k", "embedding or none and not unused")
+    result, _ = run_matrix(SMALL, "-k", "embedding or none and not unused")
     result.assert_outcomes(passed=2, deselected=1)
     result, report = run_matrix(SMALL, "-x")
     result.assert_outcomes(failed=1)
@@ -50,6 +50,7 @@ def test_keyword_selection_and_exit_on_first_failure(run_matrix):
 def test_select_option_narrows_and_rejects_unknown_values_in_one_line(run_matrix):
     result, report = run_matrix(SMALL, "--freeze-matrix-select", "freeze=none")
     result.assert_outcomes(passed=1)
+    assert statuses(report) == {"none": "pass"}
     result, _ = run_matrix(SMALL, "--freeze-matrix-select", "freeze=bogus")
     assert result.ret == 4
     assert result.stderr.lines[0].startswith("ERROR: --freeze-matrix-select: unknown freeze 'bogus'; valid: "
