@@ -19,10 +19,14 @@ Tensors = dict[str, torch.Tensor]
 LossOf = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
 
+def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return models.loss_fn(model(batch["tokens"]), batch["targets"])
+
+
 def tiny_reference(cell: Cell) -> tuple[nn.Module, LossOf]:
     model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
                          vision="vision" in cell.pattern.features, initialize=False)
-    return model, lambda m, batch: models.loss_fn(m(batch["tokens"]), batch["targets"])
+    return model, tiny_loss
 
 
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],

@@ -139,7 +139,8 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         return plan
 
     ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
-                     batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan)
+                     batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan,
+                     loss=reference.tiny_loss)
     adapter = None
     try:
         adapter = load_adapter(cell.adapter)

@@ -73,6 +73,8 @@ class RunContext:
     batches: list[Batch]
     build_model: Callable[..., nn.Module]
     resolve_plan: Callable[[nn.Module], FreezePlan]
+    loss: Callable[[nn.Module, Batch], torch.Tensor]
+    """The cell's loss on a (local) batch: `ctx.loss(model, ctx.local_batch(step))`."""
 
     def local_batch(self, step: int) -> Batch:
         """This rank's rows of the global batch of `step`, on the cell's device."""

@@ -122,14 +122,16 @@ class _FSDP1View(_View):
 
 
 class _Loop:
-    def __init__(self, model: nn.Module, view: _View, optimizer: torch.optim.Optimizer, clip_source: str) -> None:
+    def __init__(self, ctx: RunContext, model: nn.Module, view: _View, optimizer: torch.optim.Optimizer,
+                 clip_source: str) -> None:
+        self.ctx = ctx
         self.model = model
         self.view = view
         self.optimizer = optimizer
         self.clip_source = clip_source
 
     def forward_backward(self, batch: Batch) -> torch.Tensor:
-        loss = models.loss_fn(self.model(batch["tokens"]), batch["targets"])
+        loss = self.ctx.loss(self.model, batch)
         loss.backward()
         return loss
 
@@ -218,4 +220,4 @@ class Adapter:
         else:
             raise ValueError(f"torch adapter has no plugin {plugin!r}")
         dist.barrier()
-        run_explicit_loop(ctx, _Loop(wrapped, view, optimizer, source))
+        run_explicit_loop(ctx, _Loop(ctx, wrapped, view, optimizer, source))
