@@ -47,6 +47,19 @@ class Hyper:
 
 
 @dataclass(frozen=True)
+class UserModel:
+    """A user's own model, by importable references (`module:qualname`) that rank processes resolve.
+
+    factory() -> nn.Module; batch(global_batch_size, step) -> dict of tensors split by rows
+    across ranks; loss(model, batch) -> scalar tensor.
+    """
+
+    factory: str
+    batch: str
+    loss: str
+
+
+@dataclass(frozen=True)
 class Cell:
     key: CellKey
     environment: str
@@ -61,6 +74,8 @@ class Cell:
     hyper: Hyper = field(default_factory=Hyper)
     skip: str | None = None
     known_issue: str | None = None
+    user_model: UserModel | None = None
+    tolerance: dict[str, float] = field(default_factory=dict)
 
     @property
     def id(self) -> str:

@@ -12,6 +12,7 @@ reported (CASES.md, "checks"):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,7 +86,7 @@ def _check_tracked(records: list[dict[str, Any]], optimized: set[str]) -> str | 
 
 
 def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Tolerance, notes: list[str]) -> str | None:
-    missing, spurious, partial, nonfinite, differ, zero_filled = [], [], [], [], [], []
+    missing, zeroed, spurious, partial, nonfinite, differ, zero_filled = [], [], [], [], [], [], []
     for name, want in ref.items():
         have = got.get(name)
         if want is None:
@@ -98,11 +99,14 @@ def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Toler
             partial.append(f"{name} {tuple(have.shape)} != {tuple(want.shape)}")
         elif not np.all(np.isfinite(have)):
             nonfinite.append(name)
+        elif not np.any(have) and np.any(want):
+            zeroed.append(name)
         elif not np.allclose(have, want, rtol=tol.grad_rtol, atol=tol.grad_atol):
             differ.append(f"{name} (max abs diff {np.max(np.abs(have - want)):.2e})")
     if zero_filled:
         notes.append(f"step {step}: zero-filled grad where the reference has none: {_names(zero_filled)}")
-    problems = [(missing, "no grad on trainable"), (spurious, "grad on param that should get none"),
+    problems = [(missing, "no grad on trainable"), (zeroed, "all-zero grad where the reference has one"),
+                (spurious, "grad on param that should get none"),
                 (partial, "grad not full"), (nonfinite, "non-finite grad"), (differ, "grad differs from reference")]
     found = [f"{what}: {_names(names)}" for names, what in problems if names]
     return f"step {step}: " + "; ".join(found) if found else None
@@ -138,11 +142,14 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
     return f"step {step}: " + "; ".join(found) if found else None
 
 
-def judge_records(records: list[dict[str, Any]], precision: str, pattern_id: str) -> Verdict:
-    """Verdict for a cell whose ranks all replied."""
+def judge_records(records: list[dict[str, Any]], precision: str, pattern_id: str,
+                  tolerance: dict[str, float] | None = None) -> Verdict:
+    """Verdict for a cell whose ranks all replied; `tolerance` overrides fields of the precision's."""
     errors = sorted((r["error"] for r in records if "error" in r), key=lambda e: e.get("at", 0.0))
     if errors:
-        err = errors[0]
+        # The earliest error is the cause; where several ranks raised it, name the lowest (stable reruns).
+        err = min((e for e in errors if (e["type"], e["message"]) == (errors[0]["type"], errors[0]["message"])),
+                  key=lambda e: int(e["rank"]))
         text = f"{err['type']}: {err['message']} (rank {err['rank']}, {err['phase']}, {err['where']})"
         if pattern_id == "all" and not err["phase"].startswith("step "):
             return Verdict("pass", None, f"{REFUSAL_NOTE}: {text}")
@@ -153,7 +160,7 @@ def judge_records(records: list[dict[str, Any]], precision: str, pattern_id: str
     plan = lead["plan"]
     notes: list[str] = [] if lead.get("init_matches_eager", True) else [
         "materialized values differ from eager init (training is judged from the materialized values)"]
-    tol = TOLERANCES[precision]
+    tol = dataclasses.replace(TOLERANCES[precision], **(tolerance or {}))
     failures: list[tuple[str, str]] = []
     for check, problem in (("requires_grad", _check_flags(records, set(plan["trainable"]))),
                            ("optimizer", _check_tracked(records, set(plan["optimized"])))):
@@ -177,10 +184,11 @@ def judge_records(records: list[dict[str, Any]], precision: str, pattern_id: str
     return Verdict("fail", first, " | ".join(p for c, p in failures if c == first), notes)
 
 
-def judge(run: CellRun, precision: str, pattern_id: str, timeout_s: float) -> Verdict:
+def judge(run: CellRun, precision: str, pattern_id: str, timeout_s: float,
+          tolerance: dict[str, float] | None = None) -> Verdict:
     """The cell's verdict from everything the pool saw, including hangs and crashes."""
     if run.outcome == "done":
-        return judge_records([s.record for s in run.ranks if s.record is not None], precision, pattern_id)
+        return judge_records([s.record for s in run.ranks if s.record is not None], precision, pattern_id, tolerance)
     if run.outcome == "timeout":
         phases = "; ".join(f"rank {s.rank}: {s.phase}" for s in run.ranks)
         return Verdict("timeout", None, f"no result within {timeout_s:.0f} s ({phases})")

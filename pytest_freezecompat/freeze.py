@@ -26,6 +26,8 @@ class FreezePattern:
     unused: tuple[str, ...] = ()
     features: tuple[str, ...] = ()
     description: str = ""
+    #: `module:qualname` of `f(name) -> bool` (True = trainable), instead of `frozen`/`trainable` groups.
+    predicate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,12 @@ def _names_in_groups(groups: Iterable[str], group_globs: Mapping[str, Iterable[s
 
 def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], names: Iterable[str]) -> FreezePlan:
     names = tuple(names)
-    if pattern.trainable is not None:
+    if pattern.predicate is not None:
+        from .models import import_ref
+
+        is_trainable = import_ref(pattern.predicate)
+        trainable = {n for n in names if is_trainable(n)}
+    elif pattern.trainable is not None:
         trainable = _names_in_groups(pattern.trainable, group_globs, names, pattern.id)
     else:
         trainable = set(names) - _names_in_groups(pattern.frozen, group_globs, names, pattern.id)

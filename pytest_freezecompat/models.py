@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +82,9 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
+    #: Block classes a sharding wrapper should wrap one by one (the Hugging Face convention).
+    _no_split_modules = ("Block",)
+
     def __init__(self, cfg: TinyGPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -112,6 +118,9 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+NORM_WEIGHT = re.compile(r"(^|\.)(ln[^.]*|[^.]*norm[^.]*)\.weight$|norm_weight$", re.IGNORECASE)
+
+
 def deterministic_values(seed: int, name: str, shape: torch.Size) -> torch.Tensor:
     """Values for one parameter that depend only on (seed, name, shape).
 
@@ -120,7 +129,7 @@ def deterministic_values(seed: int, name: str, shape: torch.Size) -> torch.Tenso
     """
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") % (2**63))
-    if name.endswith(("ln1.weight", "ln2.weight", "ln_f.weight")):
+    if NORM_WEIGHT.search(name):  # norms scale activations: near 1, or grads vanish and Adam amplifies noise
         return 1.0 + 0.1 * torch.randn(shape, generator=generator)
     return 0.05 * torch.randn(shape, generator=generator)
 
@@ -161,3 +170,38 @@ def make_batches(model_id: str, *, seed: int, steps: int, global_batch: int,
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def import_ref(ref: str) -> Any:
+    """`package.module:Qual.name` -> the object; how rank processes find a user's factories."""
+    module_name, _, qualname = ref.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def ref_of(obj: Any) -> str:
+    """The importable reference of a module-level function or class (the inverse of `import_ref`)."""
+    qualname = getattr(obj, "__qualname__", "")
+    if not callable(obj) or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"{obj!r} must be a module-level function or class, so rank processes can import it")
+    return f"{obj.__module__}:{qualname}"
+
+
+def apply_checkpointing(model: nn.Module, mode: str) -> None:
+    """Activation checkpointing through the model's own switch: ours, or Hugging Face's."""
+    if hasattr(model, "set_activation_checkpointing"):
+        model.set_activation_checkpointing(mode)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        if mode != "none":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
+    elif mode != "none":
+        raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch "
+                         "(set_activation_checkpointing or gradient_checkpointing_enable)")
+
+
+def block_modules(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks a sharding wrapper wraps one by one, from `_no_split_modules`."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]

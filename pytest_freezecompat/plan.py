@@ -10,9 +10,10 @@ import fnmatch
 import importlib.util
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .cell import KEY_AXES, Cell, CellKey
+from .cell import KEY_AXES, Cell, CellKey, UserModel
+from .freeze import FreezePattern
 from .spec import Framework, Rule, Spec
 
 
@@ -62,11 +63,11 @@ def why_not_importable(module: str) -> str | None:
     return None if found is not None else f"No module named {module!r}"
 
 
-def _framework_cells(spec: Spec, fw: Framework, selection: Selection, world_size: int, device: str,
-                     missing: str | None) -> Iterable[Cell]:
-    axes = [[v for v in fw.axes[a] if selection.keeps(a, v)] for a in ("model", "plugin", "init", "checkpoint",
-                                                                        "freeze")]
-    for model, plugin, init, checkpoint, freeze in itertools.product(*axes):
+def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]], world_size: int, device: str,
+                     missing: str | None, user: UserCase | None = None) -> Iterable[Cell]:
+    patterns = user.patterns if user else spec.patterns
+    for model, plugin, init, checkpoint, freeze in itertools.product(
+            *(axes[a] for a in ("model", "plugin", "init", "checkpoint", "freeze"))):
         key = CellKey(model, fw.name, plugin, init, checkpoint, freeze)
         effects: dict[str, object] = {}
         options: dict[str, object] = {}
@@ -80,10 +81,11 @@ def _framework_cells(spec: Spec, fw: Framework, selection: Selection, world_size
         if missing:
             skip = f"{fw.name} is not importable in this environment ({missing}); its environment is {fw.environment!r}"
         yield Cell(key=key, environment=fw.environment, adapter=fw.adapter, world_size=world_size, device=device,
-                   pattern=spec.patterns[freeze], groups=spec.models[model],
+                   pattern=patterns[freeze], groups=user.groups if user else spec.models[model],
                    precision=str(effects.get("precision", "fp32")), emulation=bool(effects.get("emulation", False)),
                    options=options, skip=str(skip) if skip else None,
-                   known_issue=str(effects["known_issue"]) if "known_issue" in effects else None)
+                   known_issue=str(effects["known_issue"]) if "known_issue" in effects else None,
+                   user_model=user.model if user else None, tolerance=dict(user.tolerance) if user else {})
 
 
 def plan(spec: Spec, selection: Selection, *, world_size: int, device: str, environment: str | None = None,
@@ -95,5 +97,44 @@ def plan(spec: Spec, selection: Selection, *, world_size: int, device: str, envi
             continue
         if environment is not None and fw.environment != environment:
             continue
-        cells.extend(_framework_cells(spec, fw, selection, world_size, device, importable(fw.import_name)))
+        axes = {a: tuple(v for v in fw.axes[a] if selection.keeps(a, v)) for a in fw.axes}
+        cells.extend(_framework_cells(spec, fw, axes, world_size, device, importable(fw.import_name)))
+    return cells
+
+
+@dataclass(frozen=True)
+class UserCase:
+    """A user's model and freeze patterns (see `pytest_freezecompat.freeze_case`), as planning needs them."""
+
+    name: str
+    model: UserModel
+    patterns: dict[str, FreezePattern]
+    groups: dict[str, tuple[str, ...]]
+    frameworks: tuple[str, ...] | None = None
+    plugins: tuple[str, ...] | None = None
+    init: tuple[str, ...] | None = None
+    checkpoint: tuple[str, ...] | None = None
+    tolerance: dict[str, float] = field(default_factory=dict)
+
+
+def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, environment: str | None = None,
+               importable: Callable[[str], str | None] = why_not_importable) -> list[Cell]:
+    """Cells for a user's case: every framework that takes user models, narrowed as the case asks."""
+    takers = [fw for fw in spec.frameworks.values() if fw.user_models]
+    for axis, wanted, offered in (("framework", case.frameworks, [fw.name for fw in takers]),
+                                  ("plugin", case.plugins, [p for fw in takers for p in fw.axes["plugin"]]),
+                                  ("init", case.init, [i for fw in takers for i in fw.axes["init"]]),
+                                  ("checkpoint", case.checkpoint, [c for fw in takers for c in fw.axes["checkpoint"]])):
+        unknown = sorted(set(wanted or ()) - set(offered))
+        if unknown:
+            raise SelectionError(f"unknown {axis} {unknown[0]!r} for user models; valid: "
+                                 f"{', '.join(dict.fromkeys(offered))}")
+    cells: list[Cell] = []
+    for fw in takers:
+        if (case.frameworks and fw.name not in case.frameworks) or (environment and fw.environment != environment):
+            continue
+        axes = {"model": (case.name,), "freeze": tuple(case.patterns)}
+        for axis, wanted in (("plugin", case.plugins), ("init", case.init), ("checkpoint", case.checkpoint)):
+            axes[axis] = tuple(v for v in fw.axes[axis] if wanted is None or v in wanted)
+        cells.extend(_framework_cells(spec, fw, axes, world_size, device, importable(fw.import_name), case))
     return cells

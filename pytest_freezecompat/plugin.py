@@ -6,6 +6,7 @@ The work lives in `runner.py` (plan, pool, judge, report); this module wires it 
 from __future__ import annotations
 
 import os
+import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from .cell import Cell
 from .plan import SelectionError
 from .pool import POLL_S
 from .report.schema import STATUSES
-from .runner import MatrixRun, Options
+from .runner import MatrixRun, Options, repro_command
 from .spec import SpecError, load
 
 CELL_PROPERTY = "freeze_matrix_cell"
@@ -24,7 +25,6 @@ CELL_PROPERTY = "freeze_matrix_cell"
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_REPORT_DIR = ".freeze-matrix"
 ENVIRONMENT_VARIABLE = "FREEZECOMPAT_ENVIRONMENT"
-_RUN_KEY = pytest.StashKey[MatrixRun]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,30 +49,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "freeze_matrix: a cell of the freeze compatibility matrix")
-    if not config.getoption("freeze_matrix"):
-        return
+    config.pluginmanager.register(MatrixSession(config), "freeze-matrix-session")
+
+
+def _options(config: pytest.Config) -> Options:
     world_size = config.getoption("freeze_matrix_world_size")
     if world_size < 1:
         raise pytest.UsageError("--freeze-matrix-world-size must be at least 1")
     if config.getoption("freeze_matrix_timeout") <= POLL_S:
         raise pytest.UsageError("--freeze-matrix-timeout must be a positive number of seconds")
     report_dir = config.getoption("freeze_matrix_report")
-    options = Options(
-        select=config.getoption("freeze_matrix_select"), timeout_s=config.getoption("freeze_matrix_timeout"),
-        world_size=world_size, spec_path=config.getoption("freeze_matrix_spec"),
+    return Options(
+        matrix=config.getoption("freeze_matrix"), select=config.getoption("freeze_matrix_select"),
+        timeout_s=config.getoption("freeze_matrix_timeout"), world_size=world_size,
+        spec_path=config.getoption("freeze_matrix_spec"),
         report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
         report_dir_is_default=report_dir is None, environment=config.getoption("freeze_matrix_environment"),
     )
+
+
+def _start_run(config: pytest.Config) -> MatrixRun:
+    options = _options(config)
     try:
         spec = load(options.spec_path)
         if options.environment is not None and options.environment not in spec.environments:
             raise SelectionError(f"--freeze-matrix-environment: unknown environment {options.environment!r}; "
                                  f"valid: {', '.join(spec.environments)}")
-        run = MatrixRun(spec, options)
+        return MatrixRun(spec, options)
     except (SpecError, SelectionError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.stash[_RUN_KEY] = run
-    config.pluginmanager.register(MatrixSession(run), "freeze-matrix-session")
 
 
 class CellFailure(Exception):
@@ -80,17 +85,24 @@ class CellFailure(Exception):
 
 
 class MatrixItem(pytest.Item):
-    def __init__(self, *, cell: Cell, **kwargs: Any) -> None:
+    def __init__(self, *, cell: Cell, run: MatrixRun, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cell = cell
+        self.run = run
         self.extra_keyword_matches.update(cell.key.as_dict().values())
         self.add_marker(pytest.mark.freeze_matrix)
         if cell.skip:
             self.add_marker(pytest.mark.skip(reason=cell.skip))
-            self.user_properties.append((CELL_PROPERTY, self.config.stash[_RUN_KEY].skip_record(cell)))
+            self.user_properties.append((CELL_PROPERTY, run.skip_record(cell, self.repro)))
+
+    @property
+    def repro(self) -> str:
+        if self.cell.user_model is None:
+            return repro_command(self.cell, self.run.options)
+        return shlex.join(["pytest", self.nodeid])
 
     def runtest(self) -> None:
-        record = self.config.stash[_RUN_KEY].run_cell(self.cell)
+        record = self.run.run_cell(self.cell, self.repro)
         self.user_properties.append((CELL_PROPERTY, record))
         if record["status"] != "pass":
             raise CellFailure(record)
@@ -113,29 +125,67 @@ class MatrixItem(pytest.Item):
 
 
 class MatrixCollector(pytest.Collector):
+    """The built-in matrix, one more child of the session."""
+
     def __init__(self, *, run: MatrixRun, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run = run
 
     def collect(self) -> list[pytest.Item]:
-        return [MatrixItem.from_parent(self, name=cell.id, cell=cell) for cell in self.run.cells]
+        return [MatrixItem.from_parent(self, name=cell.id, cell=cell, run=self.run) for cell in self.run.cells
+                if cell.user_model is None]
+
+
+class FreezeCaseCollector(pytest.Collector):
+    """A `@freeze_case` factory in a test module: one item per cell of the user's case."""
+
+    def __init__(self, *, declaration: Any, run: MatrixRun, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.declaration = declaration
+        self.run = run
+
+    def collect(self) -> list[pytest.Item]:
+        from .user import CaseError, build_case
+
+        try:
+            cells = self.run.add_user_case(build_case(self.declaration))
+        except (CaseError, SelectionError) as exc:
+            raise self.CollectError(f"{self.path}: freeze_case {self.name}: {exc}") from None
+        return [MatrixItem.from_parent(self, name=cell.id, cell=cell, run=self.run) for cell in cells]
 
 
 class MatrixSession:
-    """Hooks that exist only when --freeze-matrix is on."""
+    """The plugin's state for one pytest process: the matrix run, created when first needed."""
 
-    def __init__(self, run: MatrixRun) -> None:
-        self.run = run
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self._run: MatrixRun | None = _start_run(config) if config.getoption("freeze_matrix") else None
+
+    @property
+    def _matrix_on(self) -> bool:
+        return self._run is not None and self._run.options.matrix
+
+    @property
+    def run(self) -> MatrixRun:
+        if self._run is None:
+            self._run = _start_run(self.config)
+        return self._run
 
     def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
         """`pytest --freeze-matrix` alone runs just the matrix; name test paths to run them as well."""
-        return True if config.args_source != pytest.Config.ArgsSource.ARGS else None
+        return True if self._matrix_on and config.args_source != pytest.Config.ArgsSource.ARGS else None
+
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object) -> Any:
+        declaration = getattr(obj, "__freeze_case__", None)
+        if declaration is None:
+            return None
+        return FreezeCaseCollector.from_parent(collector, name=name, declaration=declaration, run=self.run)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
-        # The matrix is one more child of the session, collected like any test file.
         report = yield
-        if isinstance(collector, pytest.Session) and report.passed:
+        # The built-in matrix is one more child of the session, collected like a test file.
+        if isinstance(collector, pytest.Session) and report.passed and self._matrix_on:
             report.result.append(MatrixCollector.from_parent(collector, name="freeze-matrix", nodeid="freeze-matrix",
                                                               run=self.run))
         return report
@@ -147,12 +197,14 @@ class MatrixSession:
             self.run.collect(record)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.run.close()
+        if self._run is None:
+            return
+        self._run.close()
         if not hasattr(session.config, "workerinput"):  # xdist workers leave the report to the controller
-            self.run.write_report()
+            self._run.write_report()
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        if hasattr(config, "workerinput") or not self.run.results:
+        if hasattr(config, "workerinput") or self._run is None or not self._run.results:
             return
         counts: dict[tuple[str, str], Counter] = {}
         for record in self.run.results.values():

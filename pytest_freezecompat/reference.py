@@ -23,21 +23,14 @@ def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return models.loss_fn(model(batch["tokens"]), batch["targets"])
 
 
-def tiny_reference(cell: Cell) -> tuple[nn.Module, LossOf]:
-    model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
-                         vision="vision" in cell.pattern.features, initialize=False)
-    return model, tiny_loss
-
-
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
-        build: Callable[[Cell], tuple[nn.Module, LossOf]] = tiny_reference) -> dict:
+        model: nn.Module, loss_of: LossOf) -> dict:
     """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
 
-    `build` gives a bare single-process model with the same parameter names as the cell's
-    model, and how to compute its loss on a batch (adapters with their own model supply it).
+    `model` is bare and single-process, with the same parameter names as the cell's model
+    (its values are replaced by `initial`); `loss_of(model, batch)` computes its loss.
     """
     h = cell.hyper
-    model, loss_of = build(cell)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(initial[name].to(param.dtype))

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import checks
 from .cell import Cell
-from .plan import Selection, plan
+from .plan import Selection, UserCase, plan, user_cells
 from .pool import PoolError, RankPool
 from .report import schema, write
 from .spec import Spec, default_spec_path
@@ -26,6 +26,7 @@ REPORT_EVERY_S = 5.0
 
 @dataclass(frozen=True)
 class Options:
+    matrix: bool  # --freeze-matrix: plan the built-in matrix (user cases run without it)
     select: str
     timeout_s: float
     world_size: int
@@ -59,12 +60,20 @@ class MatrixRun:
         self.spec = spec
         self.options = options
         self.device, self.backend = detect_device(options.world_size)
-        self.cells = plan(spec, Selection.parse(options.select, spec), world_size=options.world_size,
-                          device=self.device, environment=options.environment)
+        self.cells: list[Cell] = []
+        if options.matrix:
+            self.cells = plan(spec, Selection.parse(options.select, spec), world_size=options.world_size,
+                              device=self.device, environment=options.environment)
         self.results: dict[str, dict[str, Any]] = {}
         self._pool: RankPool | None = None
         self._pool_error: str | None = None
         self._last_write = 0.0
+
+    def add_user_case(self, case: UserCase) -> list[Cell]:
+        cells = user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
+                           environment=self.options.environment)
+        self.cells.extend(cells)
+        return cells
 
     # -- running cells (in whichever process runs the item) --------------------------------
     def _get_pool(self) -> RankPool:
@@ -73,10 +82,10 @@ class MatrixRun:
             self._pool = RankPool(self.options.world_size, preload)
         return self._pool
 
-    def run_cell(self, cell: Cell) -> dict[str, Any]:
+    def run_cell(self, cell: Cell, repro: str) -> dict[str, Any]:
         """Run one cell and return its report record (the rank facts judged here, in the controller)."""
         started = time.perf_counter()
-        record = {**cell.summary(), "repro": repro_command(cell, self.options), "grad_access": None,
+        record = {**cell.summary(), "repro": repro, "grad_access": None,
                   "grad_norm_source": None, "check": None, "message": "", "notes": [], "rank_details": []}
         if cell.known_issue:
             record["known_issue"] = {"id": cell.known_issue}
@@ -89,19 +98,24 @@ class MatrixRun:
             self._pool_error = f"rank pool could not start: {exc}"
             record.update(status="error", message=self._pool_error)
             return record
-        verdict = checks.judge(run, cell.precision, cell.key.freeze, self.options.timeout_s)
+        verdict = checks.judge(run, cell.precision, cell.key.freeze, self.options.timeout_s, cell.tolerance)
         lead = run.ranks[0].record or {}
         sources = {s.get("norm_source") for s in lead.get("steps", []) if s.get("norm_source")}
+        # Emulation is what the shim reported engaging; a rank that never replied may have engaged it too.
+        engaged = sorted({w for s in run.ranks for w in (s.record or {}).get("emulated", [])})
+        unknown = cell.emulation and any(s.record is None for s in run.ranks)
         record.update(status=verdict.status, check=verdict.check, message=verdict.message, notes=verdict.notes,
+                      emulation=bool(engaged) or unknown, emulated=engaged,
                       grad_access=lead.get("grad_access"), grad_norm_source=", ".join(sorted(sources)) or None,
                       rank_details=checks.rank_details(run), duration_s=round(time.perf_counter() - started, 3))
         if run.fresh_start_s is not None:
             record["pool_start_s"] = round(run.fresh_start_s, 3)
         return record
 
-    def skip_record(self, cell: Cell) -> dict[str, Any]:
-        record = {**cell.summary(), "status": "skip", "message": cell.skip, "check": None, "duration_s": 0.0,
-                  "repro": repro_command(cell, self.options), "grad_access": None, "grad_norm_source": None,
+    def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:
+        record = {**cell.summary(), "emulation": False, "status": "skip", "message": cell.skip, "check": None,
+                  "duration_s": 0.0,
+                  "repro": repro, "grad_access": None, "grad_norm_source": None,
                   "notes": [], "rank_details": []}
         if cell.known_issue:
             record["known_issue"] = {"id": cell.known_issue}

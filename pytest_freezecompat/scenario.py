@@ -8,6 +8,7 @@ decides a verdict.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 import traceback
@@ -19,9 +20,10 @@ import torch
 from torch import nn
 
 from . import models, reference
-from .adapters.base import ExplicitLoop, ModelView, RunContext
+from .adapters.base import Batch, ExplicitLoop, ModelView, RunContext
 from .cell import Cell
 from .freeze import FreezePlan, resolve
+from .reference import LossOf
 
 SETUP_PHASE = "setup"
 
@@ -116,21 +118,57 @@ def describe_error(exc: BaseException, phase: str, rank: int) -> dict[str, str]:
             "at": time.time()}  # ranks share a clock: the earliest error is the cause, the rest its echoes
 
 
+def _construct(cell: Cell, device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
+    """The bare model: the tiny reference model, or the user's factory (seeded)."""
+    if cell.user_model is None:
+        return models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
+                            vision="vision" in cell.pattern.features, device=device, initialize=initialize)
+    torch.manual_seed(cell.hyper.seed)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        return models.import_ref(cell.user_model.factory)()
+
+
 def _builder(cell: Cell) -> Callable[..., nn.Module]:
     def build_model(device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
-        model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
-                             vision="vision" in cell.pattern.features, device=device, initialize=initialize)
-        model.set_activation_checkpointing(cell.key.checkpoint)
+        model = _construct(cell, device, initialize)
+        models.apply_checkpointing(model, cell.key.checkpoint)
         return model
 
     return build_model
 
 
+def _data(cell: Cell) -> tuple[list[Batch], LossOf]:
+    global_batch = cell.hyper.batch_per_rank * cell.world_size
+    if cell.user_model is None:
+        batches = models.make_batches(cell.key.model, seed=cell.hyper.seed, steps=cell.hyper.steps,
+                                      global_batch=global_batch)
+        return batches, reference.tiny_loss
+    make_batch = models.import_ref(cell.user_model.batch)
+    batches = [make_batch(global_batch, step) for step in range(cell.hyper.steps)]
+    return batches, models.import_ref(cell.user_model.loss)
+
+
+def _reference(cell: Cell, adapter: Any, plan: FreezePlan, initial: dict[str, torch.Tensor],
+               batches: list[Batch], loss: LossOf) -> dict[str, Any]:
+    if hasattr(adapter, "reference_model"):  # the framework's own model (e.g. Megatron's GPTModel)
+        reference_model, reference_loss = adapter.reference_model(cell)
+        eager, _ = adapter.reference_model(cell)
+        models.init_weights(eager, cell.hyper.seed)
+    else:
+        reference_model, reference_loss = _construct(cell, "cpu", initialize=False), loss
+        eager = _construct(cell, "cpu")
+    ref = reference.run(cell, plan, initial, batches, reference_model, reference_loss)
+    return {
+        "reference": {"steps": [{"grads": to_numpy(s["grads"]), "norm": s["norm"], "params": to_numpy(s["params"])}
+                                for s in ref["steps"]]},
+        "init_matches_eager": all(torch.equal(p.detach().float(), initial[n]) for n, p in eager.named_parameters()),
+    }
+
+
 def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[str], None]) -> dict[str, Any]:
     recorder = Recorder(rank, send_phase)
     torch.manual_seed(cell.hyper.seed)
-    batches = models.make_batches(cell.key.model, seed=cell.hyper.seed, steps=cell.hyper.steps,
-                                  global_batch=cell.hyper.batch_per_rank * cell.world_size)
+    batches, loss = _data(cell)
     plans: list[FreezePlan] = []
 
     def resolve_plan(model: nn.Module) -> FreezePlan:
@@ -139,8 +177,7 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         return plan
 
     ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
-                     batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan,
-                     loss=reference.tiny_loss)
+                     batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan, loss=loss)
     adapter = None
     try:
         adapter = load_adapter(cell.adapter)
@@ -152,17 +189,11 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         recorder.record["plan"] = {"names": list(plan.names), "trainable": sorted(plan.trainable),
                                    "optimized": sorted(plan.optimized), "unused": sorted(plan.unused)}
     if rank == 0 and plans and recorder.initial_params is not None and "error" not in recorder.record:
-        send_phase("reference")
-        build = getattr(adapter, "reference_model", reference.tiny_reference)
-        ref = reference.run(cell, plans[0], recorder.initial_params, batches, build)
-        recorder.record["reference"] = {"steps": [
-            {"grads": to_numpy(s["grads"]), "norm": s["norm"], "params": to_numpy(s["params"])} for s in ref["steps"]
-        ]}
-        eager, _ = build(cell)
-        models.init_weights(eager, cell.hyper.seed)
-        recorder.record["init_matches_eager"] = all(
-            torch.equal(p.detach().float(), recorder.initial_params[n]) for n, p in eager.named_parameters()
-        )
+        recorder.phase("reference")
+        try:
+            recorder.record.update(_reference(cell, adapter, plans[0], recorder.initial_params, batches, loss))
+        except Exception as exc:  # our own reference failing is an error of the cell, named as such
+            recorder.record["error"] = describe_error(exc, "reference", rank)
     return recorder.record
 
 

@@ -53,6 +53,8 @@ class Framework:
     environment: str
     rules: tuple[Rule, ...]
     where: str
+    #: Whether the adapter trains any `nn.Module` a user brings (`freeze_case`), not only its own model.
+    user_models: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
 
 
 FRAMEWORK_KEYS = {"framework", "adapter", "import", "models", "plugins", "init", "checkpoint", "freeze",
-                  "environment", "rule"}
+                  "environment", "rule", "user_models"}
 
 
 def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tuple[str, ...]]) -> Rule:
@@ -223,7 +225,7 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
     framework = Framework(
         name=name, adapter=str(body["adapter"]), import_name=str(body.get("import", name)), axes=axes,
         environment=environment.name, rules=tuple(_load_rule(src, name, i, r, axes) for i, r in enumerate(rules)),
-        where=src.where("framework"),
+        where=src.where("framework"), user_models=bool(body.get("user_models", False)),
     )
     return framework, environment
 

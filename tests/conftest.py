@@ -30,3 +30,16 @@ def run_matrix(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
         return result, (json.loads(path.read_text()) if path.exists() else None)
 
     return run
+
+
+@pytest.fixture
+def run_user(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Plain `pytest` (no --freeze-matrix) on the user's test files; return (result, report or None)."""
+    monkeypatch.delenv("FREEZECOMPAT_ENVIRONMENT", raising=False)
+
+    def run(*args: str):
+        result = pytester.runpytest_subprocess("--freeze-matrix-report=report", "-p", "no:cacheprovider", *args)
+        path = pytester.path / "report" / "matrix.json"
+        return result, (json.loads(path.read_text()) if path.exists() else None)
+
+    return run

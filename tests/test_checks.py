@@ -129,3 +129,16 @@ def test_timeout_and_crash_verdicts_name_every_rank():
     assert crash.status == "crash" and "rank 1 killed by signal SIGSEGV during wrap" in crash.message
     hang = checks.judge(CellRun("timeout", ranks, 30.0), "fp32", "none", 30)
     assert hang.status == "timeout" and "rank 0: step 1: clip; rank 1: wrap" in hang.message
+
+
+def test_all_zero_grad_where_the_reference_has_one_is_named_as_such():
+    record = base_record()
+    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "w": arr(0, 0)}
+    verdict = judge(record)
+    assert verdict.check == "grads" and "all-zero grad where the reference has one: w" in verdict.message
+
+
+def test_the_same_error_on_every_rank_names_the_lowest_rank():
+    verdict = checks.judge_records([error_record(1, "wrap", 1.0, "same"), error_record(0, "wrap", 1.1, "same")],
+                                   "fp32", "none")
+    assert "same (rank 0" in verdict.message

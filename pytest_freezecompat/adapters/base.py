@@ -76,10 +76,17 @@ class RunContext:
     loss: Callable[[nn.Module, Batch], torch.Tensor]
     """The cell's loss on a (local) batch: `ctx.loss(model, ctx.local_batch(step))`."""
 
-    def local_batch(self, step: int) -> Batch:
-        """This rank's rows of the global batch of `step`, on the cell's device."""
-        per_rank = self.cell.hyper.batch_per_rank
-        rows = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+    def local_batch(self, step: int, dp_rank: int | None = None, dp_size: int | None = None) -> Batch:
+        """This data-parallel rank's rows of the global batch of `step`, on the cell's device.
+
+        Every rank is a data-parallel rank unless the adapter says otherwise (tensor or
+        pipeline parallelism: pass the rank's index and the size of its data-parallel group).
+        """
+        dp_rank = self.rank if dp_rank is None else dp_rank
+        dp_size = self.world_size if dp_size is None else dp_size
+        global_rows = next(iter(self.batches[step].values())).shape[0]
+        per_rank = global_rows // dp_size
+        rows = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
         return {k: v[rows].to(self.device) for k, v in self.batches[step].items()}
 
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:

@@ -200,7 +200,7 @@ class Adapter:
             view: _View = _View(wrapped.module, optimizer)
             source = "returned by torch.nn.utils.clip_grad_norm_"
         elif plugin in ("fsdp1", "fsdp1-orig-params"):
-            wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({models.Block}),
+            wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(m) for m in models.block_modules(model)}),
                            use_orig_params=plugin == "fsdp1-orig-params",
                            device_id=ctx.device)
             named = dict(wrapped.named_parameters())
@@ -208,7 +208,7 @@ class Adapter:
             view = _FSDP1View(wrapped, optimizer)
             source = "returned by FSDP.clip_grad_norm_"
         elif plugin == "fsdp2":
-            for block in model.blocks:
+            for block in models.block_modules(model):
                 fully_shard(block)
             wrapped = fully_shard(model)
             if meta:

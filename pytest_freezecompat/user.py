@@ -1,0 +1,144 @@
+"""Your own model in the matrix: `@freeze_case(...)` on a model factory in a test file.
+
+    from pytest_freezecompat import freeze_case
+
+    @freeze_case(batch=make_batch, loss=lm_loss, patterns={"head-only": {"trainable": ["lm_head.*"]}},
+                 frameworks=["torch"], plugins=["ddp", "fsdp2"])
+    def tiny_llama():
+        return LlamaForCausalLM(LlamaConfig(...))
+
+Plain `pytest` on that file then runs one item per (framework, plugin, init, checkpoint,
+pattern), with the matrix's checks and report. Factories, batch and loss functions must
+live at module level: rank processes import them by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import models
+from .cell import UserModel
+from .checks import Tolerance
+from .freeze import FreezePattern, PatternError, resolve
+from .plan import UserCase
+
+CASE_ATTRIBUTE = "__freeze_case__"
+PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused")
+VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+PatternSpec = Mapping[str, Sequence[str]] | Callable[[str], bool]
+
+
+class CaseError(ValueError):
+    """A declaration we cannot run; the message is one line naming the case and what is wrong."""
+
+
+@dataclass(frozen=True)
+class CaseDeclaration:
+    factory: Callable[[], nn.Module]
+    name: str
+    batch: Callable[[int, int], dict[str, torch.Tensor]]
+    loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+    patterns: Mapping[str, PatternSpec]
+    frameworks: Sequence[str] | None
+    plugins: Sequence[str] | None
+    init: Sequence[str] | None
+    checkpoint: Sequence[str] | None
+    tolerance: Mapping[str, float]
+
+
+def freeze_case(*, batch: Callable[[int, int], dict[str, torch.Tensor]],
+                loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+                patterns: Mapping[str, PatternSpec], name: str | None = None,
+                frameworks: Sequence[str] | None = None, plugins: Sequence[str] | None = None,
+                init: Sequence[str] | None = None, checkpoint: Sequence[str] | None = None,
+                tolerance: Mapping[str, float] | None = None) -> Callable[[Callable[[], nn.Module]], Any]:
+    """Declare a model factory as a matrix case.
+
+    batch(global_batch_size, step) -> dict of tensors (rows are split across ranks);
+    loss(model, batch) -> scalar. A pattern is {"frozen"|"trainable": [globs], "optimizer": [globs],
+    "unused": [globs]} or a module-level function name -> bool (True = trainable).
+    `tolerance` overrides fields of `checks.Tolerance` (grad_rtol, grad_atol, param_rtol, param_atol, norm_rtol).
+    """
+
+    def decorate(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+        setattr(factory, CASE_ATTRIBUTE, CaseDeclaration(
+            factory, name or factory.__name__.replace("_", "-").lower(), batch, loss, patterns, frameworks, plugins,
+            init, checkpoint, dict(tolerance or {})))
+        return factory
+
+    return decorate
+
+
+def _ref(obj: Any, what: str) -> str:
+    try:
+        ref = models.ref_of(obj)
+        if models.import_ref(ref) is not obj:
+            raise ValueError(f"{ref} names another object")
+    except (ValueError, ImportError, AttributeError) as exc:
+        raise CaseError(f"{what} cannot be imported by rank processes: {exc}") from None
+    return ref
+
+
+def _pattern(pid: str, spec: PatternSpec) -> tuple[FreezePattern, dict[str, tuple[str, ...]]]:
+    if not VALUE_RE.match(pid):
+        raise CaseError(f"pattern id {pid!r} must use lowercase letters, digits and '-'")
+    if callable(spec):
+        return FreezePattern(pid, predicate=_ref(spec, f"pattern {pid!r}")), {}
+    unknown = sorted(set(spec) - set(PATTERN_ROLES))
+    if unknown or ("frozen" in spec and "trainable" in spec):
+        raise CaseError(f"pattern {pid!r}: use `frozen` or `trainable` (not both), plus optional `optimizer`, "
+                        f"`unused`; got {', '.join(sorted(spec))}")
+    groups = {f"{pid}.{role}": tuple(globs) for role, globs in spec.items()}
+
+    def role(key: str) -> tuple[str, ...] | None:
+        return (f"{pid}.{key}",) if key in spec else None
+
+    return FreezePattern(pid, frozen=role("frozen") or (), trainable=role("trainable"), optimizer=role("optimizer"),
+                         unused=role("unused") or ()), groups
+
+
+def build_case(decl: CaseDeclaration) -> UserCase:
+    """Check a declaration the way ranks will use it (build on meta, resolve every pattern)."""
+    if not VALUE_RE.match(decl.name):
+        raise CaseError(f"case name {decl.name!r} must use lowercase letters, digits and '-'")
+    refs = UserModel(_ref(decl.factory, "the model factory"), _ref(decl.batch, "batch"), _ref(decl.loss, "loss"))
+    try:
+        with torch.device("meta"):
+            model = decl.factory()
+    except Exception as exc:  # the user's code: report, don't crash collection
+        raise CaseError(f"the model factory raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise CaseError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
+    names = [n for n, _ in model.named_parameters()]
+    patterns: dict[str, FreezePattern] = {}
+    groups: dict[str, tuple[str, ...]] = {}
+    if not decl.patterns:
+        raise CaseError("no freeze pattern declared")
+    for pid, spec in decl.patterns.items():
+        pattern, pattern_groups = _pattern(pid, spec)
+        try:
+            resolve(pattern, pattern_groups, names)
+        except PatternError as exc:
+            raise CaseError(str(exc)) from None
+        patterns[pid] = pattern
+        groups.update(pattern_groups)
+    fields = {f.name for f in dataclasses.fields(Tolerance)}
+    if set(decl.tolerance) - fields:
+        raise CaseError(f"unknown tolerance {sorted(set(decl.tolerance) - fields)[0]!r}; valid: {', '.join(fields)}")
+    has_switch = hasattr(model, "set_activation_checkpointing") or hasattr(model, "gradient_checkpointing_enable")
+    checkpoint = tuple(decl.checkpoint) if decl.checkpoint else (None if has_switch else ("none",))
+    if checkpoint and not has_switch and set(checkpoint) != {"none"}:
+        raise CaseError(f"{type(model).__name__} has no activation-checkpointing switch; use checkpoint=['none']")
+    return UserCase(name=decl.name, model=refs, patterns=patterns, groups=groups,
+                    frameworks=tuple(decl.frameworks) if decl.frameworks else None,
+                    plugins=tuple(decl.plugins) if decl.plugins else None,
+                    init=tuple(decl.init) if decl.init else None, checkpoint=checkpoint,
+                    tolerance={k: float(v) for k, v in decl.tolerance.items()})

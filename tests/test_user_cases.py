@@ -1,0 +1,84 @@
+"""`@freeze_case`: a user's own model, frozen their way, through plain `pytest` (pytester, real 2-rank runs)."""
+
+import pytest
+
+MODEL = '''
+import torch
+from torch import nn
+
+from pytest_freezecompat import freeze_case
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, 8)
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 32)
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.body(self.embed(tokens))))
+
+
+def batch(global_batch_size, step):
+    tokens = torch.randint(0, 32, (global_batch_size, 4), generator=torch.Generator().manual_seed(step))
+    return {"tokens": tokens, "targets": tokens.flip(-1)}
+
+
+def loss(model, b):
+    return nn.functional.cross_entropy(model(b["tokens"]).flatten(0, 1), b["targets"].flatten())
+
+
+def body_only(name):
+    return name.startswith("body.")
+'''
+
+
+def case(patterns: str, **narrow: str) -> str:
+    args = ", ".join(f"{k}={v}" for k, v in {"plugins": '["ddp"]', "init": '["eager"]', **narrow}.items())
+    return MODEL + f'''
+
+@freeze_case(batch=batch, loss=loss, patterns={patterns}, {args})
+def small_net():
+    return Net()
+
+
+def test_ordinary():
+    pass
+'''
+
+
+def test_declared_cells_run_with_plain_pytest_and_land_in_the_report(pytester, run_user):
+    pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}, "body-only": body_only}'))
+    result, report = run_user()
+    result.assert_outcomes(passed=3)  # two cells and the ordinary test
+    assert sorted(c["id"] for c in report["cells"]) == ["small-net/torch/ddp/eager/none/body-only",
+                                                        "small-net/torch/ddp/eager/none/head-only"]
+    assert {c["status"] for c in report["cells"]} == {"pass"}
+    assert report["cells"][0]["repro"].startswith("pytest test_mine.py::small_net::small-net/torch/ddp")
+
+
+def test_keyword_selection_reaches_user_cells(pytester, run_user):
+    pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}, "body-only": body_only}'))
+    result, _ = run_user("-k", "body")
+    result.assert_outcomes(passed=1, deselected=2)
+
+
+@pytest.mark.parametrize(("patterns", "narrow", "message"), [
+    ('{"oops": {"trainable": ["nothing.*"]}}', {}, "glob 'nothing.*' of group 'oops.trainable' matches no parameter"),
+    ('{"x": {"trainable": ["head.*"]}}', {"plugins": '["zero-9"]'}, "unknown plugin 'zero-9' for user models; valid:"),
+    ('{"x": {"trainable": ["head.*"]}}', {"checkpoint": '["reentrant"]'}, "Net has no activation-checkpointing switch"),
+    ('{"Bad_Id": {"trainable": ["head.*"]}}', {}, "pattern id 'Bad_Id' must use lowercase letters"),
+    ('{"x": lambda name: True}', {}, "must be a module-level function or class"),
+])
+def test_a_bad_declaration_is_a_one_line_collection_error(pytester, run_user, patterns, narrow, message):
+    pytester.makepyfile(test_mine=case(patterns, **narrow))
+    result, report = run_user("--collect-only")
+    assert result.ret == 2 and report is None
+    result.stdout.fnmatch_lines([f"*test_mine.py: freeze_case small_net: *{message}*"])
+
+
+def test_a_factory_that_returns_no_module(pytester, run_user):
+    pytester.makepyfile(test_mine=case('{"x": {"trainable": ["head.*"]}}').replace("return Net()", "return 42"))
+    result, _ = run_user("--collect-only")
+    result.stdout.fnmatch_lines(["*freeze_case small_net: the model factory returned int, not a torch.nn.Module*"])
