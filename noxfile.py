@@ -46,8 +46,10 @@ def _matrix_session(name: str, pins: list[str]) -> None:
     @nox.session(name=f"matrix-{name}", tags=["matrix"])
     def matrix(session: nox.Session) -> None:
         _install(session, pins)
+        # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
         session.run("pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
-                    f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", *session.posargs,
+                    f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", "examples",
+                    *session.posargs,
                     success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
 
 

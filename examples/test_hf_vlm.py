@@ -3,6 +3,10 @@
     pytest examples/test_hf_vlm.py
 """
 
+import pytest
+
+pytest.importorskip("transformers")
+
 from hf_common import VOCAB, causal_lm_loss, token_batch
 from torch import nn
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration

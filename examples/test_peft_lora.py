@@ -3,6 +3,12 @@
     pytest examples/test_peft_lora.py
 """
 
+import pytest
+
+pytest.importorskip("transformers")
+
+pytest.importorskip("peft")
+
 from hf_common import VOCAB, causal_lm_loss, token_batch
 from peft import LoraConfig, get_peft_model
 from torch import nn

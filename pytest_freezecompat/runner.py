@@ -69,6 +69,10 @@ class MatrixRun:
         self._pool_error: str | None = None
         self._last_write = 0.0
 
+    def runs_user_models(self) -> bool:
+        env = self.options.environment
+        return any(fw.user_models and env in (None, fw.environment) for fw in self.spec.frameworks.values())
+
     def add_user_case(self, case: UserCase) -> list[Cell]:
         cells = user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
                            environment=self.options.environment)

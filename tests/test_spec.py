@@ -35,7 +35,7 @@ def test_default_matrix_loads_with_the_torch_row():
     assert torch_row.axes["plugin"] == ("ddp", "ddp-find-unused", "fsdp1", "fsdp1-orig-params", "fsdp2")
     assert set(loaded.patterns) >= {"none", "embedding", "decoder", "output", "all-but-last", "bias-only", "lora",
                                     "unused-branch", "optimizer-subset", "all"}
-    assert loaded.environments["torch"].install == ("torch==2.13.0",)
+    assert loaded.environments["torch"].install[0] == "torch==2.13.0"
 
 
 def test_one_file_matrix(tmp_path):
