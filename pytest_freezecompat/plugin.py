@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from .cell import Cell
+from .known_issues import KnownIssueError
 from .plan import SelectionError
 from .pool import POLL_S
 from .report.schema import STATUSES
@@ -76,7 +77,7 @@ def _start_run(config: pytest.Config) -> MatrixRun:
             raise SelectionError(f"--freeze-matrix-environment: unknown environment {options.environment!r}; "
                                  f"valid: {', '.join(spec.environments)}")
         return MatrixRun(spec, options)
-    except (SpecError, SelectionError) as exc:
+    except (SpecError, SelectionError, KnownIssueError) as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -104,6 +105,10 @@ class MatrixItem(pytest.Item):
     def runtest(self) -> None:
         record = self.run.run_cell(self.cell, self.repro)
         self.user_properties.append((CELL_PROPERTY, record))
+        known = record.get("known_issue") or {}
+        if known.get("expected") or known.get("fixed"):  # known: xfail; fixed?: strict xpass, so stale entries show
+            self.add_marker(pytest.mark.xfail(reason=f"known issue {known['id']}: {known.get('link', '')}",
+                                              strict=True))
         if record["status"] != "pass":
             raise CellFailure(record)
 

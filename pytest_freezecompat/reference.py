@@ -41,7 +41,10 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
                  if optimized else None)
     steps = []
     for batch in batches:
-        model.zero_grad(set_to_none=True)
+        # The canonical loop zeroes through the optimizer: with an optimizer over a subset,
+        # grads of params outside it accumulate (and count in the clip norm), as they do for users.
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
         loss = loss_of(model, batch)
         if loss.requires_grad:
             loss.backward()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checks
+from . import checks, known_issues
 from .cell import Cell
 from .plan import Selection, UserCase, plan, user_cells
 from .pool import PoolError, RankPool
@@ -64,6 +64,11 @@ class MatrixRun:
         if options.matrix:
             self.cells = plan(spec, Selection.parse(options.select, spec), world_size=options.world_size,
                               device=self.device, environment=options.environment)
+        known_path = spec.path.parent / known_issues.FILE_NAME
+        self.known = (known_issues.load(known_path) if known_path.exists()
+                      else known_issues.Registry(known_path, ()))
+        self.known.require(c.known_issue for c in self.cells if c.known_issue)
+        self._environment_info: dict[str, dict[str, Any]] = {}
         self.results: dict[str, dict[str, Any]] = {}
         self._pool: RankPool | None = None
         self._pool_error: str | None = None
@@ -114,7 +119,7 @@ class MatrixRun:
                       rank_details=checks.rank_details(run), duration_s=round(time.perf_counter() - started, 3))
         if run.fresh_start_s is not None:
             record["pool_start_s"] = round(run.fresh_start_s, 3)
-        return record
+        return self._with_known_issue(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:
         record = {**cell.summary(), "emulation": False, "status": "skip", "message": cell.skip, "check": None,
@@ -123,6 +128,15 @@ class MatrixRun:
                   "notes": [], "rank_details": []}
         if cell.known_issue:
             record["known_issue"] = {"id": cell.known_issue}
+        return self._with_known_issue(record)
+
+    def _with_known_issue(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Tie the record to the registry entry that explains it (its raw status never changes)."""
+        found = known_issues.match(record, self.environment(record["environment"]), self.known)
+        if found is None:
+            record.pop("known_issue", None)
+        else:
+            record["known_issue"] = found
         return record
 
     def close(self) -> None:
@@ -135,13 +149,16 @@ class MatrixRun:
         if time.monotonic() - self._last_write > REPORT_EVERY_S:
             self.write_report()
 
+    def environment(self, name: str) -> dict[str, Any]:
+        """Versions of an environment's stack, as this process sees them (cached: metadata scans are slow)."""
+        if name not in self._environment_info:
+            frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.environment == name}
+            self._environment_info[name] = schema.environment_info(frameworks, self.device, self.backend)
+        return self._environment_info[name]
+
     def environments(self) -> dict[str, Any]:
         names = {c.environment for c in self.cells} | {r["environment"] for r in self.results.values()}
-        info = {}
-        for name in sorted(names):
-            frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.environment == name}
-            info[name] = schema.environment_info(frameworks, self.device, self.backend)
-        return info
+        return {name: self.environment(name) for name in sorted(names)}
 
     def write_report(self) -> Path | None:
         if not self.results:

@@ -149,7 +149,6 @@ class _Loop:
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        self.model.zero_grad(set_to_none=True)
 
 
 def _optimizer_params(named: dict[str, nn.Parameter], plan: FreezePlan) -> list[nn.Parameter]:

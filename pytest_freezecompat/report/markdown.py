@@ -10,8 +10,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from ..known_issues import display_status
+
 SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱️", "crash": "☠️", "skip": "⏭️"}
 EMULATION_MARK = "ᴱ"
+#: Beside the raw status symbol, which stays visible: a known upstream issue explains it / a known issue expected
+#: it to break but it passed.
+REGISTRY_MARKS = {"known": "ᴷ", "fixed?": "ᶠ"}
 ABSENT = "·"
 MESSAGE_CHARS = 300
 
@@ -23,8 +28,10 @@ def _ordered(values: list[str]) -> list[str]:
 def _legend() -> str:
     items = " · ".join(f"{symbol} {status}" for status, symbol in SYMBOLS.items())
     return (f"Legend: {items} · {EMULATION_MARK} ran its real logic on CPU behind a CUDA-on-CPU shim (emulation) · "
-            f"{ABSENT} not in the matrix. Each table cell lists the checkpoint modes in the order given above "
-            "the table.")
+            f"{REGISTRY_MARKS['known']} `known`: fails the way a known upstream issue says (listed under Known "
+            f"issues; an xfail in pytest) · {REGISTRY_MARKS['fixed?']} `fixed?`: passed though a known issue expects "
+            f"it to fail (a strict xpass: the entry may be stale) · {ABSENT} not in the matrix. Each table cell "
+            "lists the checkpoint modes in the order given above the table.")
 
 
 def _environments(report: dict[str, Any]) -> list[str]:
@@ -40,18 +47,22 @@ def _summary(cells: list[dict[str, Any]]) -> list[str]:
     by_framework: dict[str, Counter] = defaultdict(Counter)
     for cell in cells:
         by_framework[cell["framework"]][cell["status"]] += 1
-    header = "| framework | " + " | ".join(SYMBOLS) + " | cells |"
-    lines = [header, "|---" * (len(SYMBOLS) + 2) + "|"]
+        if display_status(cell) in REGISTRY_MARKS:
+            by_framework[cell["framework"]][display_status(cell)] += 1
+    columns = [*SYMBOLS, *REGISTRY_MARKS]
+    header = "| framework | " + " | ".join(columns) + " | cells |"
+    lines = [header, "|---" * (len(columns) + 2) + "|"]
     for framework, counts in by_framework.items():
-        lines.append(f"| {framework} | " + " | ".join(str(counts.get(s, 0)) for s in SYMBOLS)
-                     + f" | {sum(counts.values())} |")
+        lines.append(f"| {framework} | " + " | ".join(str(counts.get(s, 0)) for s in columns)
+                     + f" | {sum(counts.get(s, 0) for s in SYMBOLS)} |")
     return lines
 
 
 def _symbol(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return ABSENT
-    return SYMBOLS[cell["status"]] + (EMULATION_MARK if cell.get("emulation") else "")
+    return (SYMBOLS[cell["status"]] + REGISTRY_MARKS.get(display_status(cell), "")
+            + (EMULATION_MARK if cell.get("emulation") else ""))
 
 
 def _tables(cells: list[dict[str, Any]]) -> list[str]:
@@ -90,21 +101,56 @@ def _access_table(cells: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def _inline(text: str) -> str:
+    """Message text that stays text in a GitHub list item or table: no raw HTML, no column breaks."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def _known_label(cell: dict[str, Any]) -> str:
+    """`known: [id](link)` / `fixed?: [id](link)` / `[id](link)` (a skip tied to an entry), or ''."""
+    known = cell.get("known_issue") or {}
+    if not known.get("link"):
+        return ""
+    shown = display_status(cell)
+    prefix = f"{shown}: " if shown in REGISTRY_MARKS else ""
+    return f"{prefix}[{known['id']}]({known['link']})"
+
+
 def _notes(cells: list[dict[str, Any]]) -> list[str]:
-    groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
     for cell in cells:
-        if cell["status"] != "pass" or cell.get("notes"):
+        if cell["status"] != "pass" or cell.get("notes") or cell.get("known_issue"):
             message = cell.get("message") or "; ".join(cell.get("notes", [])) or ""
             if len(message) > MESSAGE_CHARS:
                 message = message[:MESSAGE_CHARS] + "…"
-            groups[(cell["status"], cell.get("check") or "", message)].append(cell["id"])
+            groups[(cell["status"], cell.get("check") or "", _known_label(cell), message)].append(cell["id"])
     lines = ["", "## Notes", ""]
     order = list(SYMBOLS)
-    for (status, check, message), ids in sorted(groups.items(), key=lambda g: (order.index(g[0][0]), g[0][1:])):
-        what = f"**{status}**" + (f" (check `{check}`)" if check else "")
+    for (status, check, known, message), ids in sorted(groups.items(),
+                                                        key=lambda g: (order.index(g[0][0]), g[0][1:])):
+        what = f"**{status}**" + (f" (check `{check}`)" if check else "") + (f" ({known})" if known else "")
         shown = ", ".join(f"`{i}`" for i in ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
-        escaped = message.replace("|", "\\|")
-        lines.append(f"- {SYMBOLS[status]} {what} — {escaped} — {len(ids)} cell(s): {shown}")
+        text = f" — {_inline(message)}" if message else ""
+        lines.append(f"- {SYMBOLS[status]} {what}{text} — {len(ids)} cell(s): {shown}")
+    return lines
+
+
+def _known_issues(cells: list[dict[str, Any]]) -> list[str]:
+    """Each registry entry the report touches: its links, what the thread says, and its cells by display status."""
+    entries: dict[str, dict[str, Any]] = {}
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for cell in cells:
+        known = cell.get("known_issue") or {}
+        if known.get("link"):
+            entries.setdefault(known["id"], known)
+            counts[known["id"]][display_status(cell)] += 1
+    if not entries:
+        return []
+    lines = ["", "## Known issues", ""]
+    for issue_id, known in entries.items():
+        links = " · ".join(f"<{link}>" for link in known.get("links") or [known["link"]])
+        tally = ", ".join(f"{n} {status}" for status, n in sorted(counts[issue_id].items()))
+        lines.append(f"- **{issue_id}** ({tally}) — {_inline(known.get('summary', ''))} — {links}")
     return lines
 
 
@@ -114,5 +160,6 @@ def render(report: dict[str, Any]) -> str:
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
            "reference (requires_grad flags, optimizer-tracked params, grads, clip norm, updates).", "",
-           _legend(), "", *_environments(report), "", *_summary(cells), *_tables(cells), *_notes(cells)]
+           _legend(), "", *_environments(report), "", *_summary(cells), *_tables(cells), *_notes(cells),
+           *_known_issues(cells)]
     return "\n".join(out) + "\n"

@@ -1,4 +1,4 @@
-"""Write a report directory atomically: matrix.json and matrix.md, never half a file."""
+"""Write a report directory atomically: matrix.json, matrix.md and matrix.html, never half a file."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .markdown import render
+from . import html, markdown
 from .schema import SCHEMA
 
 
 def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
     except BaseException:
@@ -28,10 +28,11 @@ def build(environments: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str
 
 
 def write(directory: Path, report: dict[str, Any], *, self_ignoring: bool = False) -> Path:
-    """Write matrix.json and matrix.md into `directory`; a self-ignoring directory gets a `*` .gitignore."""
+    """Write matrix.json, matrix.md and matrix.html into `directory`; a self-ignoring one gets a `*` .gitignore."""
     directory.mkdir(parents=True, exist_ok=True)
     if self_ignoring and not (directory / ".gitignore").exists():
         (directory / ".gitignore").write_text("# written by pytest-freezecompat: run output, not sources\n*\n")
     _atomic_write(directory / "matrix.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
-    _atomic_write(directory / "matrix.md", render(report))
+    _atomic_write(directory / "matrix.md", markdown.render(report))
+    _atomic_write(directory / "matrix.html", html.render(report))
     return directory / "matrix.json"

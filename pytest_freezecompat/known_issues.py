@@ -1,0 +1,242 @@
+"""The known-issue registry (`matrix/known_issues.toml`): upstream bugs the matrix reproduces, by cell.
+
+An entry selects cells (axes with globs, as in the `when` of matrix rules), names the versions it
+applies to, and says which failures it explains (raw statuses, optionally the failed check, and a
+regex over the message). A cell whose failure an entry explains keeps its raw status and is shown
+as `known` (an xfail in pytest); a cell an entry expects to break that passes is `fixed?` (a strict
+xpass), so an entry that has gone stale is noticed the morning the fix ships. Everything here is
+pure: the runner calls `match` per cell, `freezecompat merge --known-issues` calls `annotate`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+FAILING = ("fail", "error", "crash", "timeout")
+#: Copies of `cell.KEY_AXES` and `checks.CHECKS` (a test keeps them equal): importing those modules pulls in
+#: torch, and the registry must load where only the report tools run (the nightly publish job).
+KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze")
+CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update")
+#: What a selector may name: the cell's key axes, and the device of its environment.
+SELECTOR_KEYS = (*KEY_AXES, "device")
+REQUIRED = ("id", "summary", "links", "when", "versions", "status", "pattern")
+OPTIONAL = ("check",)
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+FILE_NAME = "known_issues.toml"
+
+
+class KnownIssueError(ValueError):
+    """A malformed registry or a reference to an entry it lacks; one line naming file, entry and field."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    summary: str
+    links: tuple[str, ...]
+    when: dict[str, tuple[str, ...]]
+    versions: dict[str, SpecifierSet]
+    statuses: tuple[str, ...]
+    pattern: re.Pattern[str]
+    check: str | None
+
+    def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
+        fields = {**{axis: str(cell.get(axis, "")) for axis in KEY_AXES}, "device": str(environment.get("device", ""))}
+        return all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in pats) for key, pats in self.when.items())
+
+    def applies_to(self, environment: dict[str, Any]) -> bool:
+        """True when every named package's version in this environment is inside the entry's specifiers."""
+        for name, specifiers in self.versions.items():
+            found = _version(name, environment)
+            if found is None or not specifiers.contains(found, prereleases=True):
+                return False
+        return True
+
+    def explains(self, cell: dict[str, Any]) -> bool:
+        if cell["status"] not in self.statuses or (self.check and cell.get("check") != self.check):
+            return False
+        return self.pattern.search(_failure_text(cell)) is not None
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "link": self.links[0], "links": list(self.links), "summary": self.summary}
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: Path
+    entries: tuple[Entry, ...]
+
+    def get(self, issue_id: str) -> Entry:
+        for entry in self.entries:
+            if entry.id == issue_id:
+                return entry
+        raise KnownIssueError(f"{self.path}: entry {issue_id}: field id: no such entry (named by a matrix rule)")
+
+    def require(self, ids: Iterable[str]) -> None:
+        """Fail early (at plan time) if a matrix rule names an id the registry lacks."""
+        for issue_id in sorted(set(ids)):
+            self.get(issue_id)
+
+
+def default_path() -> Path:
+    """The registry beside the default matrix (packaged with it, or the repo's `matrix/`)."""
+    from .spec import default_spec_path  # imports torch (through freeze.py): only where the matrix runs
+
+    return default_spec_path().parent / FILE_NAME
+
+
+def _version(name: str, environment: dict[str, Any]) -> Version | None:
+    raw = environment.get(name) if name in ("python", "torch") else environment.get("frameworks", {}).get(name)
+    try:
+        return Version(str(raw)) if raw else None
+    except InvalidVersion:
+        return None
+
+
+def _failure_text(cell: dict[str, Any]) -> str:
+    """What a pattern is searched in: the cell's message and every rank's own error line."""
+    lines = [cell.get("message") or ""]
+    for rank in cell.get("rank_details") or []:
+        error = rank.get("error") or {}
+        if error:
+            lines.append(f"{error.get('type', '')}: {error.get('message', '')}")
+    return "\n".join(lines)
+
+
+def _strings(value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    return None
+
+
+def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
+    name = body.get("id") if isinstance(body, dict) and isinstance(body.get("id"), str) else f"#{index + 1}"
+
+    def error(field: str, what: str) -> KnownIssueError:
+        return KnownIssueError(f"{path}: entry {name}: field {field}: {what}")
+
+    if not isinstance(body, dict):
+        raise error("-", "an entry is a table ([[issue]])")
+    for field in REQUIRED:
+        if field not in body:
+            raise error(field, "missing")
+    for field in body:
+        if field not in REQUIRED and field not in OPTIONAL:
+            raise error(field, f"unknown field; valid: {', '.join(REQUIRED + OPTIONAL)}")
+    if not isinstance(body["id"], str) or not ID_RE.match(body["id"]):
+        raise error("id", "must be lowercase letters, digits and '-'")
+    if body["id"] in seen:
+        raise error("id", f"duplicate of entry #{seen[body['id']] + 1}")
+    if not isinstance(body["summary"], str) or not body["summary"].strip():
+        raise error("summary", "must be a non-empty string")
+    links = _strings(body["links"])
+    if links is None or not all(link.startswith("https://") for link in links):
+        raise error("links", "must be a non-empty list of https:// URLs")
+    if not isinstance(body["when"], dict) or not body["when"]:
+        raise error("when", "must be a non-empty table of axis = value(s)")
+    when = {}
+    for key, pats in body["when"].items():
+        if key not in SELECTOR_KEYS:
+            raise error("when", f"unknown axis {key!r}; valid: {', '.join(SELECTOR_KEYS)}")
+        values = _strings(pats)
+        if values is None:
+            raise error("when", f"{key} must be a string or a non-empty list of strings")
+        when[key] = values
+    if not isinstance(body["versions"], dict) or not body["versions"]:
+        raise error("versions", "must be a non-empty table of package = \"specifier\"")
+    versions = {}
+    for package, text in body["versions"].items():
+        try:
+            versions[package] = SpecifierSet(text)
+        except (InvalidSpecifier, TypeError):
+            raise error("versions", f"{package}: {text!r} is not a version specifier (e.g. \">=2.4\")") from None
+    statuses = _strings(body["status"])
+    if statuses is None or not set(statuses) <= set(FAILING):
+        raise error("status", f"must be one or more of {', '.join(FAILING)}")
+    check = body.get("check")
+    if check is not None and check not in CHECKS:
+        raise error("check", f"must be one of {', '.join(CHECKS)}")
+    if not isinstance(body["pattern"], str) or not body["pattern"]:
+        raise error("pattern", "must be a non-empty regex")
+    try:
+        pattern = re.compile(body["pattern"])
+    except re.error as exc:
+        raise error("pattern", f"invalid regex ({exc})") from None
+    seen[body["id"]] = index
+    return Entry(body["id"], body["summary"].strip(), links, when, versions, statuses, pattern, check)
+
+
+def load(path: str | Path | None = None) -> Registry:
+    """Read and validate a registry; every problem is a one-line `KnownIssueError`."""
+    path = Path(path) if path else default_path()
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise KnownIssueError(f"{path}: cannot read known-issue registry ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise KnownIssueError(f"{path}: invalid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"issue"})
+    if unknown:
+        raise KnownIssueError(f"{path}: unknown top-level key {unknown[0]!r}; entries are written [[issue]]")
+    issues = data.get("issue", [])
+    if not isinstance(issues, list):
+        raise KnownIssueError(f"{path}: entries are written [[issue]]")
+    seen: dict[str, int] = {}
+    return Registry(path, tuple(_entry(path, i, body, seen) for i, body in enumerate(issues)))
+
+
+def match(cell: dict[str, Any], environment: dict[str, Any], registry: Registry) -> dict[str, Any] | None:
+    """The `known_issue` field for a cell record, or None.
+
+    - a `skip` cell whose matrix rule named an entry (`known_issue: {"id": ...}`): that entry's id, link, summary;
+    - a failing cell (fail/error/crash/timeout) an applicable entry explains: `expected: True` (shown `known`);
+    - a passing cell an applicable entry selects: `fixed: True` (shown `fixed?`);
+    - anything else: None (a failure nobody explains stays red).
+    An entry named by a rule is tried first on a failure, whatever its own selector says; a pass is `fixed?`
+    only for an entry whose own selector names the cell (a rule may name an entry for a wider set of cells).
+    """
+    named = (cell.get("known_issue") or {}).get("id")
+    if cell["status"] == "skip":
+        return registry.get(named).describe() if named else None
+    selecting = [e for e in registry.entries if e.selects(cell, environment) and e.applies_to(environment)]
+    if cell["status"] == "pass":
+        return {**selecting[0].describe(), "fixed": True} if selecting else None
+    first = registry.get(named) if named else None
+    if first is not None and first.applies_to(environment) and first.explains(cell):
+        return {**first.describe(), "expected": True}
+    for entry in selecting:
+        if entry.explains(cell):
+            return {**entry.describe(), "expected": True}
+    return None
+
+
+def annotate(report: dict[str, Any], registry: Registry) -> dict[str, Any]:
+    """Re-match every cell of a report against `registry` (in place; returns the report)."""
+    for cell in report["cells"]:
+        found = match(cell, report["environments"].get(cell["environment"], {}), registry)
+        if found is None:
+            cell.pop("known_issue", None)
+        else:
+            cell["known_issue"] = found
+    return report
+
+
+def display_status(cell: dict[str, Any]) -> str:
+    """What tables show: `known` / `fixed?` where the registry says so, else the raw status."""
+    known = cell.get("known_issue") or {}
+    if known.get("expected"):
+        return "known"
+    if known.get("fixed"):
+        return "fixed?"
+    return cell["status"]

@@ -1,0 +1,112 @@
+import json
+
+import pytest
+
+from pytest_freezecompat.cli import main as cli
+from pytest_freezecompat.report import diff, write
+
+ENVS = {"torch": {"python": "3.11.7", "torch": "2.13.0", "frameworks": {"torch": "2.13.0"}, "device": "cpu",
+                  "backend": "gloo"}}
+KNOWN = {"id": "torch-fsdp1-uniform-requires-grad", "link": "https://github.com/pytorch/pytorch/issues/91167",
+         "summary": "uniform"}
+
+
+def cell(freeze, status="pass", plugin="ddp", **extra):
+    return {"id": f"tiny-gpt/torch/{plugin}/eager/none/{freeze}", "model": "tiny-gpt", "framework": "torch",
+            "plugin": plugin, "init": "eager", "checkpoint": "none", "freeze": freeze, "environment": "torch",
+            "status": status, "check": None, "message": "", **extra}
+
+
+def reports():
+    old = write.build(ENVS, [
+        cell("none"), cell("embedding"), cell("lora", "error", "fsdp1", known_issue={**KNOWN, "expected": True}),
+        cell("output", "fail", check="grads", message="no grad"), cell("decoder"), cell("bias-only", "error"),
+        cell("all", "error", "fsdp1", known_issue={**KNOWN, "expected": True}),
+    ])
+    new = write.build(ENVS, [
+        cell("none"),                                                             # unchanged
+        cell("embedding", "fail", check="grads", message="step 0: no grad on trainable: blocks.0.fc1.weight"),
+        cell("lora", "error", "fsdp1", message="RuntimeError: a different failure"),  # known -> red
+        cell("output"),                                                           # fixed: not a regression
+        cell("bias-only", "fail", check="update"),                                # changed form, still red
+        cell("all", "pass", "fsdp1", known_issue={**KNOWN, "fixed": True}),       # fixed?: stale entry
+        cell("unused-branch", "error"),                                           # new cell
+    ])                                                                            # decoder: missing
+    return old, new
+
+
+def test_regressions_come_first_with_the_reason():
+    old, new = reports()
+    changes = diff.diff(old, new)
+    assert [(c.id.split("/", 2)[2], c.regression) for c in changes] == [
+        ("ddp/eager/none/decoder", True),
+        ("ddp/eager/none/embedding", True),
+        ("fsdp1/eager/none/lora", True),
+        ("ddp/eager/none/bias-only", False),
+        ("ddp/eager/none/output", False),
+        ("fsdp1/eager/none/all", False),
+        ("ddp/eager/none/unused-branch", False),
+    ]
+    lines = diff.render(changes, "old.json", "new.json", len(new["cells"])).splitlines()
+    assert lines[0] == ("REGRESSION tiny-gpt/torch/ddp/eager/none/decoder: pass -> (absent) (missing from the new "
+                        "report)")
+    assert lines[1].startswith("REGRESSION tiny-gpt/torch/ddp/eager/none/embedding: pass -> fail (passed, now does "
+                               "not): [grads] step 0: no grad on trainable")
+    assert lines[2].startswith("REGRESSION tiny-gpt/torch/fsdp1/eager/none/lora: known "
+                               "torch-fsdp1-uniform-requires-grad (error) -> error (known issue "
+                               "torch-fsdp1-uniform-requires-grad no longer explains its failure)")
+    assert "fixed? torch-fsdp1-uniform-requires-grad (pass) (fixed? a known issue expects it to fail)" in lines[5]
+    assert lines[6].startswith("added      tiny-gpt/torch/ddp/eager/none/unused-branch: (absent) -> error (new cell)")
+    assert lines[-1] == "3 regression(s), 4 other change(s) over 7 cells (old.json -> new.json)"
+
+
+def test_identical_reports_have_no_change():
+    old, _ = reports()
+    assert diff.diff(old, old) == []
+
+
+def _write(tmp_path, name, report):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(report))
+    return str(path)
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    old, new = reports()
+    assert cli(["diff", _write(tmp_path, "old", old), _write(tmp_path, "new", new)]) == 1
+    out = capsys.readouterr().out
+    assert out.index("REGRESSION") < out.index("changed") < out.index("added")
+    only_fixes = write.build(ENVS, [c if c["freeze"] != "output" else cell("output") for c in old["cells"]])
+    assert cli(["diff", _write(tmp_path, "old", old), _write(tmp_path, "fixes", only_fixes)]) == 0
+    assert "0 regression(s), 1 other change(s)" in capsys.readouterr().out
+    assert cli(["diff", _write(tmp_path, "same", old), _write(tmp_path, "same2", old)]) == 0
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"schema": 2, "cells": [], "environments": {}}', "report schema 2, this tool reads schema 1"),
+    ("{not json", "not a matrix report (invalid JSON"),
+    ('{"schema": 1, "cells": [{"id": "x"}], "environments": {}}', "corrupt report (cell 0 lacks"),
+])
+def test_cli_refuses_foreign_and_corrupt_reports_in_one_line(tmp_path, capsys, content, message):
+    old, _ = reports()
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    for argv in (["diff", _write(tmp_path, "old", old), str(bad)], ["diff", str(bad), _write(tmp_path, "old", old)]):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"freezecompat: {bad}: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_merge_applies_a_known_issue_registry(tmp_path, capsys):
+    registry = tmp_path / "known.toml"
+    registry.write_text('[[issue]]\nid = "ddp-x"\nsummary = "s"\nlinks = ["https://github.com/o/r/issues/1"]\n'
+                        'when = { plugin = "ddp" }\nversions = { torch = ">=2.2" }\nstatus = ["error"]\n'
+                        'pattern = "boom"\n')
+    shard = _write(tmp_path, "shard", write.build(ENVS, [cell("none", "error", message="boom")]))
+    assert cli(["merge", shard, "-o", str(tmp_path / "out"), "--known-issues", str(registry)]) == 0
+    merged = json.loads((tmp_path / "out" / "matrix.json").read_text())
+    assert merged["cells"][0]["known_issue"]["expected"] is True
+    assert (tmp_path / "out" / "matrix.html").read_text().count('data-display="known"') == 1
+    registry.write_text("[[issue]]\nid = 1\n")
+    assert cli(["merge", shard, "-o", str(tmp_path / "out2"), "--known-issues", str(registry)]) == 2
+    assert "entry #1: field summary: missing" in capsys.readouterr().err

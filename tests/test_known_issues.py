@@ -1,0 +1,194 @@
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from pytest_freezecompat import cell as cell_module
+from pytest_freezecompat import checks, known_issues
+from pytest_freezecompat.report import markdown, write
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {"python": "3.11.7", "torch": "2.13.0+cpu", "frameworks": {"torch": "2.13.0+cpu", "composer": "0.32.1"},
+       "device": "cpu", "backend": "gloo"}
+ENTRY = '''
+[[issue]]
+id = "fsdp1-uniform"
+summary = "FlatParameter must be uniform"
+links = ["https://github.com/pytorch/pytorch/issues/91167", "https://github.com/pytorch/pytorch/pull/104427"]
+when = { framework = "torch", plugin = "fsdp1*", freeze = ["embedding", "lora"] }
+versions = { torch = ">=2.4" }
+status = ["error"]
+pattern = "uniform `requires_grad`"
+
+[[issue]]
+id = "composer-old"
+summary = "fixed in 0.24"
+links = ["https://github.com/mosaicml/composer/issues/3493"]
+when = { framework = "composer", freeze = "optimizer-subset" }
+versions = { composer = "<0.24" }
+status = ["fail"]
+check = "optimizer"
+pattern = "unintended"
+
+[[issue]]
+id = "gemini-hook"
+summary = "param-op hook asserts"
+links = ["https://github.com/hpcaitech/ColossalAI/issues/5290"]
+when = { framework = "colossalai", plugin = "gemini", device = "cuda" }
+versions = { colossalai = "<=0.5.0" }
+status = ["error", "crash"]
+pattern = "AssertionError"
+'''
+
+
+def registry(tmp_path, text=ENTRY):
+    path = tmp_path / "known_issues.toml"
+    path.write_text(text)
+    return known_issues.load(path)
+
+
+def cell(framework="torch", plugin="fsdp1", freeze="embedding", status="error", message="", **extra):
+    return {"id": f"tiny-gpt/{framework}/{plugin}/eager/none/{freeze}", "model": "tiny-gpt", "framework": framework,
+            "plugin": plugin, "init": "eager", "checkpoint": "none", "freeze": freeze, "environment": framework,
+            "status": status, "check": None, "message": message, "rank_details": [], **extra}
+
+
+UNIFORM = "ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False` (rank 0, wrap)"
+
+
+def test_a_failure_the_entry_explains_is_expected(tmp_path):
+    found = known_issues.match(cell(message=UNIFORM), ENV, registry(tmp_path))
+    assert found == {"id": "fsdp1-uniform", "link": "https://github.com/pytorch/pytorch/issues/91167",
+                     "links": ["https://github.com/pytorch/pytorch/issues/91167",
+                               "https://github.com/pytorch/pytorch/pull/104427"],
+                     "summary": "FlatParameter must be uniform", "expected": True}
+
+
+def test_the_pattern_also_reads_each_ranks_own_error(tmp_path):
+    ranks = [{"rank": 1, "phase": "wrap", "error": {"type": "ValueError", "message": "uniform `requires_grad`"}}]
+    found = known_issues.match(cell(message="rank 0 left waiting", rank_details=ranks), ENV, registry(tmp_path))
+    assert found["expected"]
+
+
+def test_a_pass_the_entry_expects_to_break_is_fixed(tmp_path):
+    found = known_issues.match(cell(status="pass"), ENV, registry(tmp_path))
+    assert found["id"] == "fsdp1-uniform" and found["fixed"] and "expected" not in found
+
+
+@pytest.mark.parametrize(("changed", "why"), [
+    ({"message": "RuntimeError: something else"}, "pattern does not match"),
+    ({"message": UNIFORM, "status": "fail"}, "status not listed"),
+    ({"message": UNIFORM, "freeze": "decoder"}, "selector does not select"),
+    ({"message": UNIFORM, "plugin": "ddp"}, "glob does not match"),
+])
+def test_a_failure_nobody_explains_stays_red(tmp_path, changed, why):
+    assert known_issues.match(cell(**changed), ENV, registry(tmp_path)) is None, why
+
+
+def test_versions_decide_whether_an_entry_applies(tmp_path):
+    reg = registry(tmp_path)
+    old_torch = {**ENV, "torch": "2.3.1"}
+    assert known_issues.match(cell(message=UNIFORM), old_torch, reg) is None
+    assert known_issues.match(cell(status="pass"), old_torch, reg) is None  # not `fixed?` either
+    subset = cell(framework="composer", plugin="fsdp1", freeze="optimizer-subset", status="fail", check="optimizer",
+                  message="optimizer tracks 4 unintended: tok_emb.weight")
+    assert known_issues.match(subset, ENV, reg) is None  # composer 0.32.1: the fix shipped
+    assert known_issues.match(subset, {**ENV, "frameworks": {"composer": "0.23.5"}}, reg)["expected"]
+    assert known_issues.match({**subset, "check": "grads"}, {**ENV, "frameworks": {"composer": "0.23.5"}}, reg) is None
+    assert known_issues.match(subset, {**ENV, "frameworks": {}}, reg) is None  # version unknown: does not apply
+
+
+def test_device_selector_and_a_skip_tied_to_an_entry_by_a_rule(tmp_path):
+    reg = registry(tmp_path)
+    gpu = {**ENV, "device": "cuda", "frameworks": {"colossalai": "0.5.0"}}
+    crashed = cell(framework="colossalai", plugin="gemini", status="crash", message="AssertionError in hook")
+    assert known_issues.match(crashed, gpu, reg)["expected"]
+    assert known_issues.match(crashed, {**gpu, "device": "cpu"}, reg) is None
+    skipped = cell(framework="colossalai", plugin="gemini", status="skip", message="needs CUDA",
+                   known_issue={"id": "gemini-hook"})
+    assert known_issues.match(skipped, {**gpu, "device": "cpu"}, reg) == {
+        "id": "gemini-hook", "link": "https://github.com/hpcaitech/ColossalAI/issues/5290",
+        "links": ["https://github.com/hpcaitech/ColossalAI/issues/5290"], "summary": "param-op hook asserts"}
+    with pytest.raises(known_issues.KnownIssueError, match="entry nope: field id: no such entry"):
+        known_issues.match({**skipped, "known_issue": {"id": "nope"}}, gpu, reg)
+    with pytest.raises(known_issues.KnownIssueError, match="entry nope"):
+        reg.require(["gemini-hook", "nope"])
+
+
+def test_an_entry_named_by_a_rule_explains_failures_outside_its_selector_but_flags_no_pass(tmp_path):
+    named = cell(plugin="ddp", freeze="decoder", message=UNIFORM, known_issue={"id": "fsdp1-uniform"})
+    assert known_issues.match(named, ENV, registry(tmp_path))["expected"]
+    assert known_issues.match({**named, "status": "pass"}, ENV, registry(tmp_path)) is None
+
+
+@pytest.mark.parametrize(("mutation", "field", "what"), [
+    ({"id": "Bad Id"}, "id", "lowercase"),
+    ({"links": ["http://example.com"]}, "links", "https://"),
+    ({"links": []}, "links", "non-empty"),
+    ({"when": {"plugins": "ddp"}}, "when", "unknown axis 'plugins'"),
+    ({"when": {}}, "when", "non-empty"),
+    ({"versions": {"torch": "2.4+"}}, "versions", "not a version specifier"),
+    ({"status": ["pass"]}, "status", "one or more of fail, error, crash, timeout"),
+    ({"check": "grad"}, "check", "must be one of"),
+    ({"pattern": "("}, "pattern", "invalid regex"),
+    ({"colour": "red"}, "colour", "unknown field"),
+    ({"summary": None}, "summary", "missing"),
+])
+def test_a_malformed_entry_is_one_line_naming_file_entry_and_field(tmp_path, mutation, field, what):
+    body = {"id": "x-issue", "summary": "s", "links": ["https://github.com/o/r/issues/1"],
+            "when": {"plugin": "ddp"}, "versions": {"torch": ">=2.4"}, "status": ["error"], "pattern": "boom"}
+    body.update(mutation)
+    body = {k: v for k, v in body.items() if v is not None}
+    lines = ["[[issue]]"] + [f"{k} = {_toml(v)}" for k, v in body.items()]
+    path = tmp_path / "known_issues.toml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(known_issues.KnownIssueError) as error:
+        known_issues.load(path)
+    message = str(error.value)
+    name = body["id"] if isinstance(body.get("id"), str) else "#1"
+    assert message.startswith(f"{path}: entry {name}: field {field}: ") and what in message and "\n" not in message
+
+
+def test_duplicates_bad_toml_and_a_missing_file(tmp_path):
+    twice = "\n".join([ENTRY, ENTRY.split("[[issue]]")[1].join(["[[issue]]", ""])])
+    with pytest.raises(known_issues.KnownIssueError, match="entry fsdp1-uniform: field id: duplicate of entry #1"):
+        registry(tmp_path, twice)
+    with pytest.raises(known_issues.KnownIssueError, match="invalid TOML"):
+        registry(tmp_path, "[[issue]\n")
+    with pytest.raises(known_issues.KnownIssueError, match="cannot read"):
+        known_issues.load(tmp_path / "absent.toml")
+
+
+def _toml(value):
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def test_annotate_and_the_markdown_marks(tmp_path):
+    report = write.build({"torch": ENV}, [cell(message=UNIFORM), cell(freeze="lora", status="pass"),
+                                          cell(freeze="none", status="fail", message="other")])
+    known_issues.annotate(report, registry(tmp_path))
+    shown = {c["freeze"]: known_issues.display_status(c) for c in report["cells"]}
+    assert shown == {"embedding": "known", "lora": "fixed?", "none": "fail"}
+    md = markdown.render(report)
+    assert "💥ᴷ" in md and "✅ᶠ" in md and "| torch | 1 | 1 | 1 | 0 | 0 | 0 | 1 | 1 | 3 |" in md
+    assert "(known: [fsdp1-uniform](https://github.com/pytorch/pytorch/issues/91167))" in md
+    assert "## Known issues" in md and "**fsdp1-uniform** (1 fixed?, 1 known)" in md
+
+
+def test_the_shipped_registry_loads_and_covers_every_rule_that_names_an_entry():
+    reg = known_issues.load(ROOT / "matrix" / "known_issues.toml")
+    named = set()
+    for path in (ROOT / "matrix" / "frameworks").glob("*.toml"):
+        for rule in tomllib.loads(path.read_text()).get("rule", []):
+            if "known_issue" in rule:
+                named.add(rule["known_issue"])
+    reg.require(named)
+    assert known_issues.default_path().is_file()  # beside the default matrix, packaged or in the checkout
+
+
+def test_the_torch_free_copies_match_the_engine():
+    assert known_issues.KEY_AXES == cell_module.KEY_AXES and known_issues.CHECKS == checks.CHECKS
