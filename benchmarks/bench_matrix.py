@@ -53,9 +53,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--environment", default="torch")
     parser.add_argument("--fresh-samples", type=int, default=5)
+    parser.add_argument("--report-dir", type=Path, default=None, help="keep the slice's report here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        wall, report = full_slice(args.environment, Path(tmp))
+        wall, report = full_slice(args.environment, args.report_dir or Path(tmp))
     ran = [c for c in report["cells"] if c["status"] != "skip"]
     warm = [c["duration_s"] for c in ran if "pool_start_s" not in c]
     starts = [c["pool_start_s"] for c in ran if "pool_start_s" in c]
@@ -65,6 +66,7 @@ def main() -> None:
         "cells": len(report["cells"]),
         "statuses": dict(Counter(c["status"] for c in report["cells"])),
         "wall_s": round(wall, 1),
+        "slowest": sorted(((c["duration_s"], c["id"]) for c in ran), reverse=True)[:3],
         "warm_cell_s": {"median": round(statistics.median(warm), 3), "max": round(max(warm), 3)} if warm else None,
         "pool_starts": len(starts), "pool_start_s": [round(s, 2) for s in starts],
         "fresh_launch_cell_s": {"median": round(statistics.median(fresh), 3), "samples": len(fresh)} if fresh else None,

@@ -32,6 +32,11 @@ ERROR_GRACE_S = 5.0
 STACK_DUMP_WAIT_S = 1.0
 #: How often the controller wakes to check for dead ranks while waiting.
 POLL_S = 0.2
+#: Joining a fresh gloo group takes milliseconds; a join stuck this long is a harness hiccup (seen
+#: about once in 150 cells on a loaded 2-core machine), not the framework's doing: restart and retry once.
+RENDEZVOUS_TIMEOUT_S = 30.0
+#: The phase a rank reports while it joins the cell's fresh process group (the harness, not the framework).
+RENDEZVOUS_PHASE = "init process group"
 LOG_TAIL_LINES = 25
 
 
@@ -53,7 +58,7 @@ class RankState:
 class CellRun:
     """What the pool saw of one cell: per-rank records and, when it went wrong, how."""
 
-    outcome: str  # "done" | "timeout" | "crash" | "stuck-after-error"
+    outcome: str  # "done" | "timeout" | "crash" | "stuck-after-error" (internally also "rendezvous-hang")
     ranks: list[RankState]
     duration_s: float
     fresh_start_s: float | None = None
@@ -161,29 +166,40 @@ class RankPool:
 
     # -- one cell ----------------------------------------------------------------------------
     def run(self, cell: Any, timeout_s: float) -> CellRun:
-        fresh_start_s = None if self.alive else self.start()
-        self._cell_index += 1
-        store, port = _loopback_store(timeout_s)
-        states = [RankState(rank) for rank in range(self.world_size)]
-        started = time.perf_counter()
-        try:
-            outcome = self._dispatch(cell, port, states, time.monotonic() + timeout_s)
-        finally:
-            del store
-        if outcome != "done":
-            self._collect_stories(states)
-            self.close()
-        return CellRun(outcome, states, time.perf_counter() - started, fresh_start_s)
+        notes = []
+        for attempt in (1, 2):
+            fresh_start_s = None if self.alive else self.start()
+            self._cell_index += 1
+            store, port = _loopback_store(timeout_s)
+            states = [RankState(rank) for rank in range(self.world_size)]
+            started = time.perf_counter()
+            try:
+                outcome = self._dispatch(cell, port, states, time.monotonic() + timeout_s)
+            finally:
+                del store
+            if outcome != "done":
+                self._collect_stories(states)
+                self.close()
+            if outcome != "rendezvous-hang" or attempt == 2:
+                break
+            notes.append(f"joining the cell's process group hung for {RENDEZVOUS_TIMEOUT_S:.0f} s "
+                         "(before the framework ran); pool restarted and the cell retried")
+        if outcome == "rendezvous-hang":
+            outcome = "timeout"
+        return CellRun(outcome, states, time.perf_counter() - started, fresh_start_s, notes)
 
     def _dispatch(self, cell: Any, port: int, states: list[RankState], deadline: float) -> str:
         for conn in self._conns:
             conn.send(("cell", self._cell_index, cell, port))
         pending = set(range(self.world_size))
         first_error_at: float | None = None
+        rendezvous_deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
         while pending:
             now = time.monotonic()
             if now > deadline:
                 return "timeout"
+            if now > rendezvous_deadline and any(states[r].phase == RENDEZVOUS_PHASE for r in pending):
+                return "rendezvous-hang"
             if first_error_at is not None and now - first_error_at > ERROR_GRACE_S:
                 return "stuck-after-error"
             ready = wait([self._conns[r] for r in pending], timeout=POLL_S)

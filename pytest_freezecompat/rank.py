@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .pool import RENDEZVOUS_PHASE
 from .scenario import describe_error, run_cell
 
 #: A collective that waits longer than this is stuck; the controller's cell deadline fires first.
@@ -52,7 +53,9 @@ def _run_one(conn: Connection, index: int, cell: Any, store_port: int) -> dict[s
         adapter_cls = cell.adapter
         owns_group = getattr(importlib.import_module(adapter_cls.partition(":")[0]), "OWNS_PROCESS_GROUP", False)
         if not owns_group:
+            conn.send(("phase", RENDEZVOUS_PHASE))
             _init_group("nccl" if device.type == "cuda" else "gloo", device)
+            conn.send(("phase", "process group ready"))
         return run_cell(cell, rank, device, lambda text: conn.send(("phase", text)))
     except Exception as exc:
         return {"rank": rank, "phase": phase, "error": describe_error(exc, phase, rank), "steps": [], "notes": []}

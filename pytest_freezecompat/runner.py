@@ -113,7 +113,8 @@ class MatrixRun:
         # Emulation is what the shim reported engaging; a rank that never replied may have engaged it too.
         engaged = sorted({w for s in run.ranks for w in (s.record or {}).get("emulated", [])})
         unknown = cell.emulation and any(s.record is None for s in run.ranks)
-        record.update(status=verdict.status, check=verdict.check, message=verdict.message, notes=verdict.notes,
+        record.update(status=verdict.status, check=verdict.check, message=verdict.message,
+                      notes=run.notes + verdict.notes,
                       emulation=bool(engaged) or unknown, emulated=engaged,
                       grad_access=lead.get("grad_access"), grad_norm_source=", ".join(sorted(sources)) or None,
                       rank_details=checks.rank_details(run), duration_s=round(time.perf_counter() - started, 3))

@@ -68,17 +68,22 @@ def original_names(name: str, param: nn.Parameter) -> list[str]:
 
 
 class _Shell(ComposerModel):
-    """The bare model as a ComposerModel; Composer wraps its child `model`, never the shell."""
+    """The bare model as a ComposerModel; Composer wraps its child `model`, never the shell.
 
-    def __init__(self, model: nn.Module) -> None:
+    The cell's loss takes the model and the batch, so the forward returns the loss and
+    `loss()` hands it on (as Composer's Hugging Face models do with `outputs["loss"]`).
+    """
+
+    def __init__(self, model: nn.Module, loss: Callable[[nn.Module, Batch], torch.Tensor]) -> None:
         super().__init__()
         self.model = model
+        self._loss = loss
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        return self.model(batch["tokens"])
+        return self._loss(self.model, batch)
 
     def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return models.loss_fn(outputs, batch["targets"])
+        return outputs
 
 
 class _View:
@@ -314,14 +319,14 @@ class Adapter:
         plan = ctx.resolve_plan(model)
         apply(plan, model)
         # Composer reads these hooks off the shell's child: wrap and checkpoint every block, as users do.
-        model.fsdp_wrap_fn = lambda module: isinstance(module, models.Block)
-        model.activation_checkpointing_fn = lambda module: isinstance(module, models.Block)
+        blocks = set(models.block_modules(model))
+        model.fsdp_wrap_fn = model.activation_checkpointing_fn = lambda module: module in blocks
         if meta:
             model.param_init_fn = _param_init_fn(model, ctx.cell.hyper.seed)
         ctx.probe.phase("build optimizer")
         optimizer = None if default_optimizer else ctx.make_optimizer(
             [p for n, p in model.named_parameters() if n in plan.optimized])
-        shell = _Shell(model)
+        shell = _Shell(model, ctx.loss)
         tap = _NormTap()
         trainer = None
         try:
