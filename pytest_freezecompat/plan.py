@@ -60,7 +60,11 @@ def why_not_importable(module: str) -> str | None:
         found = importlib.util.find_spec(module)
     except (ImportError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
-    return None if found is not None else f"No module named {module!r}"
+    if found is None:
+        return f"No module named {module!r}"
+    if found.origin is None and found.submodule_search_locations is not None and found.loader is None:
+        return f"{module!r} is only a namespace folder here ({', '.join(found.submodule_search_locations)})"
+    return None
 
 
 def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]], world_size: int, device: str,

@@ -152,7 +152,7 @@ class FreezeCaseCollector(pytest.Collector):
     def collect(self) -> list[pytest.Item]:
         from .user import CaseError, build_case
 
-        if not self.run.runs_user_models():
+        if not self.run.runs_user_models(self.declaration.frameworks):
             return []  # no framework of this environment trains user models: nothing to build or check
         try:
             cells = self.run.add_user_case(build_case(self.declaration))

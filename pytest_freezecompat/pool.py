@@ -73,9 +73,10 @@ def _loopback_store(timeout_s: float) -> tuple[Any, int]:
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     port = listener.getsockname()[1]
-    # The store takes the listening socket over (and closes it when it goes).
+    # The store takes the listening socket over (and closes it when it goes). The libuv server of
+    # torch < 2.6 cannot take a socket it did not open, hence the classic server.
     store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=timeout_s),
-                          wait_for_workers=False, master_listen_fd=listener.detach())
+                          wait_for_workers=False, master_listen_fd=listener.detach(), use_libuv=False)
     return store, port
 
 

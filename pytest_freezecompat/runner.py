@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,11 @@ class MatrixRun:
         self._pool_error: str | None = None
         self._last_write = 0.0
 
-    def runs_user_models(self) -> bool:
+    def runs_user_models(self, frameworks: Sequence[str] | None = None) -> bool:
+        """Whether any framework here (of those named, if any) trains user models."""
         env = self.options.environment
-        return any(fw.user_models and env in (None, fw.environment) for fw in self.spec.frameworks.values())
+        return any(fw.user_models and env in (None, fw.environment) and (not frameworks or fw.name in frameworks)
+                   for fw in self.spec.frameworks.values())
 
     def add_user_case(self, case: UserCase) -> list[Cell]:
         cells = user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
@@ -107,7 +110,8 @@ class MatrixRun:
             self._pool_error = f"rank pool could not start: {exc}"
             record.update(status="error", message=self._pool_error)
             return record
-        verdict = checks.judge(run, cell.precision, cell.key.freeze, self.options.timeout_s, cell.tolerance)
+        verdict = checks.judge(run, cell.precision, cell.key.freeze, self.options.timeout_s, cell.tolerance,
+                               cell.hyper.lr)
         lead = run.ranks[0].record or {}
         sources = {s.get("norm_source") for s in lead.get("steps", []) if s.get("norm_source")}
         # Emulation is what the shim reported engaging; a rank that never replied may have engaged it too.

@@ -142,3 +142,23 @@ def test_the_same_error_on_every_rank_names_the_lowest_rank():
     verdict = checks.judge_records([error_record(1, "wrap", 1.0, "same"), error_record(0, "wrap", 1.1, "same")],
                                    "fp32", "none")
     assert "same (rank 0" in verdict.message
+
+
+def test_an_element_whose_reference_grad_is_noise_may_flip_but_a_real_one_may_not():
+    record = base_record()
+    record["reference"]["steps"][0]["grads"]["w"] = arr(1e-9, -0.2)  # w[0]: grad under the tolerance
+    record["steps"][0]["grads"]["w"] = arr(1e-9, -0.2)
+    flipped = arr(0.99 + 0.015, 2.01)  # 1.5 lr the other way, on the noise element
+    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": flipped}
+    assert judge(record).status == "pass"
+    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": arr(0.99, 2.01 + 0.015)}  # real grad
+    assert judge(record).check == "update"
+
+
+def test_the_earliest_step_names_the_failed_check():
+    record = base_record()
+    record["steps"][0]["norm"] = 0.5  # step 0: grad norm
+    record["steps"].append({**record["steps"][0], "norm": 0.374, "grads": {**record["steps"][0]["grads"],
+                                                                          "w": None}})
+    record["reference"]["steps"].append(record["reference"]["steps"][0])
+    assert judge(record).check == "grad_norm"

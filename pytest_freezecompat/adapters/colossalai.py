@@ -270,7 +270,7 @@ def train(ctx: RunContext, booster: Booster, model: Any, optimizer: Any, view: P
         if plugin_id != "gemini":  # params outside the optimizer would keep last step's grads
             model.zero_grad(set_to_none=True)
         batch: Batch = ctx.local_batch(step)
-        loss = models.loss_fn(model(batch["tokens"]), batch["targets"])
+        loss = ctx.loss(model, batch)
         booster.backward(loss, optimizer)
         probe.after_backward(step, view)
         if plugin_id not in CLIP_IN_STEP:

@@ -3,8 +3,9 @@
 Engaged only for cells a matrix rule marks `emulation = true` (never on a GPU), undone when the
 cell ends, and every patch that engages is reported through `probe.emulated`. What it patches:
 
-- `CpuAccelerator` stream/event/synchronize calls become no-ops (CPU ops are synchronous; ColossalAI's
-  CPU accelerator raises on them). LowLevelZero's buckets create a stream and its reduction enters one.
+- `CpuAccelerator.Stream`, `.current_stream` and `.stream` become no-ops (CPU ops are synchronous; ColossalAI's
+  CPU accelerator raises on them): LowLevelZero's buckets create a stream and its reduction enters the
+  current one even without comm/compute overlap (which the matrix turns off on CPU).
 - `LowLevelZeroOptimizer._sanity_checks` sees the accelerator named "cuda" for the length of that call
   only: it asserts `name in ["cuda", "npu"]` and nothing else in it depends on a GPU.
 - `torch.cuda.current_device` answers the CPU device while `TorchFSDPPlugin.configure` runs: the plugin
@@ -27,11 +28,8 @@ from .base import Probe
 
 _ACCELERATOR_NO_OPS: dict[str, Callable[..., Any]] = {
     "Stream": lambda *args, **kwargs: None,
-    "Event": lambda *args, **kwargs: None,
     "current_stream": lambda *args, **kwargs: None,
-    "default_stream": lambda *args, **kwargs: None,
     "stream": lambda *args, **kwargs: contextlib.nullcontext(),
-    "synchronize": lambda *args, **kwargs: None,
 }
 
 

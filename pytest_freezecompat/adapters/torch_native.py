@@ -11,7 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import fully_shard
+
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # torch < 2.6 keeps FSDP2 here
+    from torch.distributed._composable.fsdp import fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -1,0 +1,222 @@
+"""The ColossalAI adapter: its CUDA-on-CPU shim, where each plugin puts a grad, which params its
+optimizer tracks (one process, a one-rank gloo group), and a real 2-rank slice through RankPool."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+# "colossalai.booster", not "colossalai": under pytest's prepend import mode this very directory
+# (tests/colossalai) imports as a namespace package named colossalai where the real one is missing.
+pytest.importorskip("colossalai.booster")
+
+import torch.distributed as dist
+from colossalai.accelerator import get_accelerator
+from colossalai.booster import Booster
+from colossalai.booster.plugin import TorchFSDPPlugin
+from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
+
+from pytest_freezecompat import checks, models, pool
+from pytest_freezecompat.adapters import colossalai as cai
+from pytest_freezecompat.adapters.colossalai_emulation import cuda_on_cpu
+from pytest_freezecompat.plan import Selection, plan
+from pytest_freezecompat.spec import load
+
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the shim does on a CPU-only machine")
+ADAPTER_MODULE = "pytest_freezecompat.adapters.colossalai"
+
+
+class Probe:
+    """Records what the shim reports, as the rank's Recorder does."""
+
+    def __init__(self) -> None:
+        self.emulations: list[str] = []
+
+    def emulated(self, what: str) -> None:
+        self.emulations.append(what)
+
+
+@CPU_ONLY
+def test_shim_engages_only_inside_and_restores_everything() -> None:
+    accelerator, probe = get_accelerator(), Probe()
+    original_check = LowLevelZeroOptimizer.__dict__["_sanity_checks"]
+    original_configure = TorchFSDPPlugin.__dict__["configure"]
+    with pytest.raises(RuntimeError, match="not supported for cpu accelerator"):
+        accelerator.current_stream()
+    with cuda_on_cpu(probe, torch.device("cpu")):
+        with accelerator.stream(accelerator.current_stream()):
+            pass
+        assert LowLevelZeroOptimizer._sanity_checks is not original_check
+        assert TorchFSDPPlugin.configure is not original_configure
+    assert probe.emulations == ["CpuAccelerator.current_stream is a no-op", "CpuAccelerator.stream is a no-op"]
+    assert LowLevelZeroOptimizer.__dict__["_sanity_checks"] is original_check
+    assert TorchFSDPPlugin.__dict__["configure"] is original_configure
+    assert accelerator.name == "cpu"
+    with pytest.raises(RuntimeError, match="not supported for cpu accelerator"):
+        accelerator.stream(None)
+
+
+@CPU_ONLY
+def test_emulation_follows_the_cell_flag() -> None:
+    ctx: Any = type("Ctx", (), {"probe": Probe(), "device": torch.device("cpu")})()
+    for flag in (False, True):
+        ctx.cell = type("Cell", (), {"emulation": flag})()
+        with cai._emulation(ctx):
+            assert ("stream" in get_accelerator().__dict__) == flag
+    assert "stream" not in get_accelerator().__dict__
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _boost(plugin_id: str, frozen: tuple[str, ...], optimized: tuple[str, ...] | None = None) -> tuple[Any, ...]:
+    model = models.build("tiny-gpt", seed=3)
+    for name, param in model.named_parameters():
+        param.requires_grad_(not name.startswith(frozen))
+    chosen = [p for n, p in model.named_parameters()
+              if p.requires_grad and (optimized is None or n.startswith(optimized))]
+    optimizer = torch.optim.AdamW(chosen, lr=1e-2)
+    plugin = cai.make_plugin(plugin_id, "fp32", 1.0, {"overlap_communication": False} if "zero" in plugin_id else {})
+    booster = Booster(plugin=plugin)
+    boosted, boosted_optimizer, *_ = booster.boost(model, optimizer)
+    return booster, boosted, boosted_optimizer, cai.make_view(plugin_id, boosted, boosted_optimizer)
+
+
+def _reference_grads(frozen: tuple[str, ...], tokens: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    model = models.build("tiny-gpt", seed=3)
+    for name, param in model.named_parameters():
+        param.requires_grad_(not name.startswith(frozen))
+    models.loss_fn(model(tokens), tokens).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+@CPU_ONLY
+@pytest.mark.usefixtures("one_rank_group")
+def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
+    """CASES C5: after booster.backward, param.grad is None; optimizer.get_param_grad has the grad."""
+    frozen = ("tok_emb", "pos_emb")
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with cuda_on_cpu(Probe(), torch.device("cpu")):
+        booster, model, optimizer, view = _boost("low-level-zero-1", frozen)
+        booster.backward(models.loss_fn(model(tokens), tokens), optimizer)
+        assert all(p.grad is None for p in model.unwrap().parameters())
+        grads = view.full_grads()
+    want = _reference_grads(frozen, tokens)
+    assert {n for n, g in grads.items() if g is None} == {"tok_emb.weight", "pos_emb.weight"}
+    for name, grad in grads.items():
+        if grad is not None:
+            torch.testing.assert_close(grad, want[name], rtol=1e-5, atol=1e-7)
+    assert "optimizer.get_param_grad" in view.grad_access
+
+
+@CPU_ONLY
+@pytest.mark.usefixtures("one_rank_group")
+def test_zero_master_shards_map_back_to_the_params_the_user_chose() -> None:
+    with cuda_on_cpu(Probe(), torch.device("cpu")):
+        _, model, _, view = _boost("low-level-zero-2", frozen=(), optimized=("blocks.2.", "head."))
+    names = [n for n, _ in model.unwrap().named_parameters()]
+    assert view.tracked_names() == {n for n in names if n.startswith(("blocks.2.", "head."))}
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_ddp_and_hybrid_parallel_zero0_keep_grads_on_the_param() -> None:
+    frozen = ("head",)
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    want = _reference_grads(frozen, tokens)
+    for plugin_id in ("torch-ddp", "hybrid-parallel"):
+        booster, model, optimizer, view = _boost(plugin_id, frozen)
+        booster.backward(models.loss_fn(model(tokens), tokens), optimizer)
+        grads = view.full_grads()
+        assert view.grad_access == "param.grad"
+        assert view.tracked_names() == {n for n, g in want.items() if g is not None}
+        for name, grad in grads.items():
+            assert (grad is None) == (want[name] is None), name
+            if grad is not None:
+                torch.testing.assert_close(grad, want[name], rtol=1e-5, atol=1e-7)
+
+
+def test_unknown_plugin_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no plugin 'deepspeed'"):
+        cai.make_plugin("deepspeed", "fp32", 1.0, {})
+
+
+@pytest.fixture
+def rank_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[pool.RankPool]:
+    """A 2-rank warm pool; torch 2.5.1's libuv TCPStore refuses a listening fd, so fall back to the legacy one."""
+    original = pool._loopback_store
+
+    def loopback_store(timeout_s: float) -> tuple[Any, int]:
+        try:
+            return original(timeout_s)
+        except NotImplementedError:
+            real = dist.TCPStore
+            monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: real(*a, **k, use_libuv=False))
+            try:
+                return original(timeout_s)
+            finally:
+                monkeypatch.setattr(dist, "TCPStore", real)
+
+    monkeypatch.setattr(pool, "_loopback_store", loopback_store)
+    ranks = pool.RankPool(world_size=2, preload=[ADAPTER_MODULE])
+    try:
+        yield ranks
+    finally:
+        ranks.close()
+
+
+def _cells(select: str) -> dict[str, Any]:
+    spec = load()
+    device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
+    return {c.id.split("/", 2)[2]: c for c in plan(spec, Selection.parse(select, spec), world_size=2, device=device,
+                                                    environment="colossalai")}
+
+
+@CPU_ONLY
+def test_real_two_rank_slice(rank_pool: pool.RankPool) -> None:
+    """A few cells that tell the ColossalAI story, run for real: statuses and the facts behind them."""
+    cells = _cells("framework=colossalai,plugin=torch-ddp-find-unused,plugin=low-level-zero-1,plugin=torch-fsdp,"
+                   "plugin=gemini,init=eager,freeze=embedding")
+    wanted = {"low-level-zero-1/eager/none/embedding": "pass", "low-level-zero-1/eager/reentrant/embedding": "fail",
+              "torch-ddp-find-unused/eager/non-reentrant/embedding": "pass",
+              "torch-fsdp/eager/none/embedding": "error", "gemini/eager/none/embedding": "skip"}
+    for cell_id, status in wanted.items():
+        cell = cells[cell_id]
+        if cell.skip:
+            assert status == "skip" and "needs CUDA" in cell.skip
+            continue
+        run = rank_pool.run(cell, timeout_s=120)
+        verdict = checks.judge(run, cell.precision, cell.key.freeze, 120)
+        assert verdict.status == status, (cell_id, verdict.message)
+        lead = run.ranks[0].record or {}
+        if cell_id.startswith("low-level-zero"):
+            assert "optimizer.get_param_grad" in lead["grad_access"]
+            assert "LowLevelZeroOptimizer._sanity_checks sees accelerator 'cuda'" in lead["emulated"]
+        if status == "fail":  # CASES C4: reentrant checkpointing over a frozen embedding
+            assert verdict.check == "grads" and "no grad on trainable" in verdict.message
+        if status == "error":  # CASES C9 through TorchFSDPPlugin (flat params, no use_orig_params option)
+            assert "Must flatten tensors with uniform `requires_grad`" in verdict.message
+
+
+@CPU_ONLY
+def test_lazy_ddp_boost_is_a_crash_the_pool_survives(rank_pool: pool.RankPool) -> None:
+    cells = _cells("framework=colossalai,plugin=torch-ddp,init=lazy,init=eager,checkpoint=none,freeze=none")
+    crashed = rank_pool.run(cells["torch-ddp/lazy/none/none"], timeout_s=120)
+    assert checks.judge(crashed, "fp32", "none", 120).status == "crash"
+    assert any("SIGSEGV" in (r.exit or "") for r in crashed.ranks)
+    after = rank_pool.run(cells["torch-ddp/eager/none/none"], timeout_s=120)
+    assert checks.judge(after, "fp32", "none", 120).status == "pass"
