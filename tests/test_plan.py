@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pytest_freezecompat import spec
-from pytest_freezecompat.plan import Selection, SelectionError, plan
+from pytest_freezecompat.plan import Selection, SelectionError, plan, why_not_importable
 
 MATRIX = """
 schema = 1
@@ -100,3 +100,10 @@ def test_selection_repeats_an_axis_for_alternatives(matrix):
 def test_bad_selection_is_one_line_listing_valid_values(matrix, text, message):
     with pytest.raises(SelectionError, match=message):
         Selection.parse(text, matrix)
+
+
+def test_a_folder_named_like_a_framework_is_not_the_framework(tmp_path, monkeypatch):
+    (tmp_path / "fakeframework").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "only a namespace folder" in why_not_importable("fakeframework")
+    assert why_not_importable("json") is None
