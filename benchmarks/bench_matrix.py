@@ -44,7 +44,7 @@ def fresh_launch_costs(environment: str, samples: int) -> list[float]:
         try:
             pool.run(cell, timeout_s=300)
         finally:
-            pool.close()
+            pool.shutdown()
         costs.append(time.perf_counter() - started)
     return costs
 

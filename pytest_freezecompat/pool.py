@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,6 +149,11 @@ class RankPool:
                     raise PoolError(f"rank {rank} failed to start ({why}): {tail}")
             conn.recv()  # ("ready", info)
         return time.perf_counter() - started
+
+    def shutdown(self) -> None:
+        """Close for good: ranks and their log/stack folder."""
+        self.close()
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
     def close(self) -> None:
         for conn in self._conns:

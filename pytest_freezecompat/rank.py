@@ -9,8 +9,10 @@ Messages on the pipe (our own processes only):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
+import gc
 import importlib
 import os
 import signal
@@ -27,6 +29,8 @@ from .scenario import describe_error, run_cell
 
 #: A collective that waits longer than this is stuck; the controller's cell deadline fires first.
 PROCESS_GROUP_TIMEOUT_S = 600
+#: How long a rank waits for its peers before leaving a cell's group (they are normally already there).
+LEAVE_BARRIER_S = 10
 
 
 def _device_for(cell_device: str, local_rank: int) -> torch.device:
@@ -60,8 +64,20 @@ def _run_one(conn: Connection, index: int, cell: Any, store_port: int) -> dict[s
     except Exception as exc:
         return {"rank": rank, "phase": phase, "error": describe_error(exc, phase, rank), "steps": [], "notes": []}
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_group()
+
+
+def _leave_group() -> None:
+    """Tear the cell's group down. After a framework raised (seen with Composer's Trainer), a rank could
+    hang in destroy while its peer still held the group: collect the framework's leftovers and meet
+    the peers first (a monitored barrier gives up instead of waiting for ever)."""
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    if dist.get_backend() == "gloo":
+        with contextlib.suppress(RuntimeError):
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=LEAVE_BARRIER_S), wait_all_ranks=True)
+    dist.destroy_process_group()
 
 
 def main(fd: int, stack_file: str, preload: list[str]) -> None:

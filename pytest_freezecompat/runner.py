@@ -146,7 +146,7 @@ class MatrixRun:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.close()
+            self._pool.shutdown()
 
     # -- the report (controller only) -------------------------------------------------------
     def collect(self, record: dict[str, Any]) -> None:

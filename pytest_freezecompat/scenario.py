@@ -131,7 +131,8 @@ def _construct(cell: Cell, device: str | torch.device | None = None, initialize:
 def _builder(cell: Cell) -> Callable[..., nn.Module]:
     def build_model(device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
         model = _construct(cell, device, initialize)
-        models.apply_checkpointing(model, cell.key.checkpoint)
+        if cell.key.checkpoint in models.CHECKPOINT_MODES:  # other modes are the framework's own switch
+            models.apply_checkpointing(model, cell.key.checkpoint)
         return model
 
     return build_model

@@ -276,13 +276,8 @@ def _param_init_fn(model: nn.Module, seed: int) -> Callable[[nn.Module], None]:
 
 
 def _build(ctx: RunContext, device: str | torch.device) -> nn.Module:
-    """The bare model; with Composer's own checkpointing the model's forward does none."""
-    if ctx.cell.key.checkpoint != FRAMEWORK_CHECKPOINT:
-        return ctx.build_model(device=device)
-    # The scenario's builder knows only the model's own checkpoint modes.
-    features = ctx.cell.pattern.features
-    return models.build(ctx.cell.key.model, seed=ctx.cell.hyper.seed, lora="lora" in features,
-                        vision="vision" in features, device=device)
+    """The bare model; with Composer's own checkpointing (`framework`) the model's forward does none."""
+    return ctx.build_model(device=device)
 
 
 def _trainer(ctx: RunContext, shell: _Shell, optimizer: torch.optim.Optimizer | None,
