@@ -36,6 +36,9 @@ POLL_S = 0.2
 #: Joining a fresh gloo group takes milliseconds; a join stuck this long is a harness hiccup (seen
 #: about once in 150 cells on a loaded 2-core machine), not the framework's doing: restart and retry once.
 RENDEZVOUS_TIMEOUT_S = 30.0
+#: Leaving a cell's group takes milliseconds (ranks meet in a 10 s monitored barrier at most); past this
+#: the pool is restarted before the next cell, so a stuck teardown is never blamed on the next cell.
+LEAVE_TIMEOUT_S = 20.0
 #: The phase a rank reports while it joins the cell's fresh process group (the harness, not the framework).
 RENDEZVOUS_PHASE = "init process group"
 LOG_TAIL_LINES = 25
@@ -184,6 +187,10 @@ class RankPool:
                 outcome = self._dispatch(cell, port, states, time.monotonic() + timeout_s)
             finally:
                 del store
+            if outcome == "done" and not self._all_left():
+                notes.append(f"a rank did not leave the cell's process group within {LEAVE_TIMEOUT_S:.0f} s; "
+                             "the pool was restarted before the next cell")
+                self.close()
             if outcome != "done":
                 self._collect_stories(states)
                 self.close()
@@ -227,6 +234,20 @@ class RankPool:
             if any(self._procs[r].poll() is not None for r in pending):
                 return "crash"
         return "done"
+
+    def _all_left(self) -> bool:
+        """Wait for every rank's ("left",) after a finished cell."""
+        deadline = time.monotonic() + LEAVE_TIMEOUT_S
+        for rank, conn in enumerate(self._conns):
+            while not conn.poll(POLL_S):
+                if self._procs[rank].poll() is not None or time.monotonic() > deadline:
+                    return False
+            try:
+                if conn.recv()[0] != "left":
+                    return False
+            except (EOFError, OSError):
+                return False
+        return True
 
     def _collect_stories(self, states: list[RankState]) -> None:
         """Exit codes, Python stacks of live ranks (SIGUSR1 -> faulthandler) and log tails."""

@@ -4,7 +4,7 @@ Started by `pool.py` as `python -m pytest_freezecompat.rank FD`, in its own
 process session so the pool can kill the rank with every helper it spawned.
 Messages on the pipe (our own processes only):
   controller -> rank: ("cell", index, Cell, store_port) | ("stop",)
-  rank -> controller: ("ready", info) | ("phase", text) | ("record", dict)
+  rank -> controller: ("ready", info) | ("phase", text) | ("record", dict) | ("left",) (group torn down)
 """
 
 from __future__ import annotations
@@ -63,8 +63,6 @@ def _run_one(conn: Connection, index: int, cell: Any, store_port: int) -> dict[s
         return run_cell(cell, rank, device, lambda text: conn.send(("phase", text)))
     except Exception as exc:
         return {"rank": rank, "phase": phase, "error": describe_error(exc, phase, rank), "steps": [], "notes": []}
-    finally:
-        _leave_group()
 
 
 def _leave_group() -> None:
@@ -101,7 +99,11 @@ def main(fd: int, stack_file: str, preload: list[str]) -> None:
             if message[0] == "stop":
                 return
             _, index, cell, store_port = message
+            # The record goes first: leaving the group can hang after a framework raised, and the
+            # controller must not wait on that for the cell's facts (it waits for "left" separately).
             conn.send(("record", _run_one(conn, index, cell, store_port)))
+            _leave_group()
+            conn.send(("left",))
 
 
 if __name__ == "__main__":
