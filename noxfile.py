@@ -45,6 +45,10 @@ def _matrix_session(name: str, pins: list[str]) -> None:
     @nox.session(name=f"matrix-{name}", tags=["matrix"])
     def matrix(session: nox.Session) -> None:
         _install(session, pins)
+        frozen = session.run("python", "-m", "pip", "freeze", silent=True)
+        if frozen:  # None under --install-only
+            (SHARDS / name).mkdir(parents=True, exist_ok=True)
+            (SHARDS / name / "pip-freeze.txt").write_text(frozen)
         # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
         session.run("pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
                     f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", "examples",
@@ -80,3 +84,7 @@ def report(session: nox.Session) -> None:
         session.skip("no shard to merge yet: run `nox -t matrix` (or a matrix-<env> session) first")
     session.run("python", "-m", "pytest_freezecompat.cli", "merge", *shards, "-o", str(PUBLISHED),
                 "--known-issues", str(ROOT / "matrix" / "known_issues.toml"), env={"PYTHONPATH": str(ROOT)})
+    for env in environments():  # each environment's exact versions, beside the table they produced
+        frozen = SHARDS / env / "pip-freeze.txt"
+        if frozen.exists():
+            (PUBLISHED / f"pip-freeze-{env}.txt").write_text(frozen.read_text())
