@@ -408,9 +408,8 @@ class Adapter:
         for step in range(ctx.cell.hyper.steps):
             ctx.probe.phase(f"step {step}: forward/backward")
             micro = _microbatches(ctx, step, layout)
-            if layout.wrapper == "torch-ddp":
+            if layout.wrapper == "torch-ddp":  # the canonical loop: grads are zeroed through the optimizer
                 optimizer.zero_grad(set_to_none=True)
-                bare.zero_grad(set_to_none=True)
             else:
                 wrapped.zero_grad_buffer()
                 optimizer.zero_grad()
