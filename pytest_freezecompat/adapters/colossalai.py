@@ -40,6 +40,7 @@ from .. import models
 from ..freeze import FreezePlan, apply
 from .base import Batch, RunContext, strip_wrapper_infixes
 from .colossalai_emulation import cuda_on_cpu
+from .views import ParamView
 
 FSDP_INFIXES = ("_fsdp_wrapped_module",)
 INIT_MODES = ("eager", "lazy", "lazy-materialize")
@@ -94,31 +95,13 @@ def make_optimizer(ctx: RunContext, params: list[nn.Parameter]) -> torch.optim.O
 # -- reading the boosted model back by original names -----------------------------------------------
 
 
-class PlainView:
+class PlainView(ParamView):
     """TorchDDP and HybridParallel zero 0: full params and all-reduced grads sit on the bare model."""
 
-    grad_access = "param.grad"
-
     def __init__(self, model: Any, optimizer: Any) -> None:
+        super().__init__(model.unwrap(), optimizer)
         self.model = model
-        self.optimizer = optimizer
-        self.bare: nn.Module = model.unwrap()
-
-    def named_parameters(self) -> dict[str, nn.Parameter]:
-        return dict(self.bare.named_parameters())
-
-    def requires_grad_flags(self) -> dict[str, bool]:
-        return {n: p.requires_grad for n, p in self.named_parameters().items()}
-
-    def tracked_names(self) -> set[str]:
-        by_id = {id(p): n for n, p in self.named_parameters().items()}
-        return {by_id[id(p)] for group in self.optimizer.param_groups for p in group["params"]}
-
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.named_parameters().items()}
-
-    def full_grads(self) -> dict[str, torch.Tensor | None]:
-        return {n: None if p.grad is None else p.grad.detach().clone() for n, p in self.named_parameters().items()}
+        self.bare: nn.Module = self.module
 
 
 class ZeroView(PlainView):

@@ -24,37 +24,12 @@ from .. import models
 from ..freeze import FreezePlan, apply
 from ..scenario import run_explicit_loop
 from .base import Batch, RunContext, strip_wrapper_infixes
+from .views import ParamView
 
 FSDP1_INFIXES = ("_fsdp_wrapped_module",)
 
 
-class _View:
-    """Reads a wrapped model back by original names; subclasses say how grads are read."""
-
-    grad_access = "param.grad"
-
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.module = module
-        self.optimizer = optimizer
-
-    def named_parameters(self) -> dict[str, nn.Parameter]:
-        return dict(self.module.named_parameters())
-
-    def requires_grad_flags(self) -> dict[str, bool]:
-        return {n: p.requires_grad for n, p in self.named_parameters().items()}
-
-    def tracked_names(self) -> set[str]:
-        by_id = {id(p): n for n, p in self.named_parameters().items()}
-        return {by_id[id(p)] for group in self.optimizer.param_groups for p in group["params"]}
-
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.named_parameters().items()}
-
-    def full_grads(self) -> dict[str, torch.Tensor | None]:
-        return {n: None if p.grad is None else p.grad.detach().clone() for n, p in self.named_parameters().items()}
-
-
-class _DTensorView(_View):
+class _DTensorView(ParamView):
     grad_access = "param.grad.full_tensor() (DTensor)"
 
     def full_params(self) -> dict[str, torch.Tensor]:
@@ -67,7 +42,7 @@ class _DTensorView(_View):
         return grads
 
 
-class _FSDP1View(_View):
+class _FSDP1View(ParamView):
     grad_access = "FSDP.summon_full_params(model, with_grads=True)"
 
     def __init__(self, module: FSDP, optimizer: torch.optim.Optimizer) -> None:
@@ -126,7 +101,7 @@ class _FSDP1View(_View):
 
 
 class _Loop:
-    def __init__(self, ctx: RunContext, model: nn.Module, view: _View, optimizer: torch.optim.Optimizer,
+    def __init__(self, ctx: RunContext, model: nn.Module, view: ParamView, optimizer: torch.optim.Optimizer,
                  clip_source: str) -> None:
         self.ctx = ctx
         self.model = model
@@ -200,7 +175,7 @@ class Adapter:
             wrapped = DDP(model, device_ids=device_ids, find_unused_parameters=plugin == "ddp-find-unused")
             named = dict(wrapped.module.named_parameters())
             optimizer = ctx.make_optimizer(_optimizer_params(named, plan))
-            view: _View = _View(wrapped.module, optimizer)
+            view: ParamView = ParamView(wrapped.module, optimizer)
             source = "returned by torch.nn.utils.clip_grad_norm_"
         elif plugin in ("fsdp1", "fsdp1-orig-params"):
             wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(m) for m in models.block_modules(model)}),
