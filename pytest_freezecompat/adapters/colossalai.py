@@ -40,9 +40,8 @@ from .. import models
 from ..freeze import FreezePlan, apply
 from .base import Batch, RunContext, strip_wrapper_infixes
 from .colossalai_emulation import cuda_on_cpu
-from .views import ParamView
+from .views import FSDP1_INFIXES, ParamView, flat_param_grads
 
-FSDP_INFIXES = ("_fsdp_wrapped_module",)
 INIT_MODES = ("eager", "lazy", "lazy-materialize")
 #: Plugins that clip inside `optimizer.step()` with their `max_norm` and report the norm afterwards.
 CLIP_IN_STEP = ("low-level-zero-1", "low-level-zero-2", "gemini", "hybrid-parallel", "hybrid-parallel-zero-1")
@@ -136,7 +135,7 @@ class FSDPView(PlainView):
         self.fsdp: FSDP = model.module
 
     def _owner(self, flat_name: str) -> str:
-        return strip_wrapper_infixes(flat_name.rpartition("_flat_param")[0], FSDP_INFIXES)
+        return strip_wrapper_infixes(flat_name.rpartition("_flat_param")[0], FSDP1_INFIXES)
 
     def requires_grad_flags(self) -> dict[str, bool]:
         with FSDP.summon_full_params(self.fsdp, writeback=False):
@@ -156,23 +155,7 @@ class FSDPView(PlainView):
             return super().full_params()
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
-        grads: dict[str, torch.Tensor | None] = {}
-        for name, flat in self.fsdp.named_parameters():  # collective: same order on every rank
-            owner = self._owner(name)
-            if flat.grad is None:
-                grads.update({owner + fqn: None for fqn in flat._fqns})
-                continue
-            shards = [torch.empty_like(flat.grad) for _ in range(dist.get_world_size())]
-            dist.all_gather(shards, flat.grad.contiguous())
-            full = torch.cat(shards)
-            pieces = iter(zip(flat._fqns, flat._shapes))
-            offset = 0
-            for numel, is_padding in zip(flat._numels_with_padding, flat._is_padding_mask):
-                if not is_padding:
-                    fqn, shape = next(pieces)
-                    grads[owner + fqn] = full[offset:offset + numel].view(shape).clone()
-                offset += numel
-        return grads
+        return flat_param_grads(self.fsdp)
 
 
 class GeminiView(PlainView):

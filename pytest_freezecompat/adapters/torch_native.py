@@ -24,9 +24,7 @@ from .. import models
 from ..freeze import FreezePlan, apply
 from ..scenario import run_explicit_loop
 from .base import Batch, RunContext, strip_wrapper_infixes
-from .views import ParamView
-
-FSDP1_INFIXES = ("_fsdp_wrapped_module",)
+from .views import FSDP1_INFIXES, ParamView, flat_param_grads
 
 
 class _DTensorView(ParamView):
@@ -81,23 +79,7 @@ class _FSDP1View(ParamView):
             with FSDP.summon_full_params(self.module, writeback=False, with_grads=True):
                 return super().full_grads()
         # summon_full_params(with_grads=True) refuses flat params: gather the shards ourselves.
-        grads: dict[str, torch.Tensor | None] = {}
-        for name, flat in self.module.named_parameters():  # collective: same order on every rank
-            owner = strip_wrapper_infixes(name.rpartition("_flat_param")[0], FSDP1_INFIXES)
-            if flat.grad is None:
-                grads.update({owner + fqn: None for fqn in flat._fqns})
-                continue
-            shards = [torch.empty_like(flat.grad) for _ in range(dist.get_world_size())]
-            dist.all_gather(shards, flat.grad.contiguous())
-            full = torch.cat(shards)
-            pieces = iter(zip(flat._fqns, flat._shapes))
-            offset = 0
-            for numel, is_padding in zip(flat._numels_with_padding, flat._is_padding_mask):
-                if not is_padding:
-                    fqn, shape = next(pieces)
-                    grads[owner + fqn] = full[offset:offset + numel].view(shape).clone()
-                offset += numel
-        return grads
+        return flat_param_grads(self.module)
 
 
 class _Loop:
