@@ -18,7 +18,6 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from composer import Callback, ComposerModel, Trainer
 from composer.algorithms import GradientClipping
 from composer.core import State
@@ -33,6 +32,7 @@ from .. import models
 from ..freeze import apply
 from .base import Batch, RunContext, strip_wrapper_infixes
 from .composer_emulation import cuda_on_cpu
+from .views import flat_param_grads
 
 #: Module names that Composer's wrappers (FSDP1, checkpoint_wrapper) insert into parameter names.
 INFIXES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -161,23 +161,7 @@ class _FSDP1View(_View):
             with FSDP.summon_full_params(self.fsdp, writeback=False, with_grads=True):
                 return super().full_grads()
         # summon_full_params(with_grads=True) refuses flat params: gather the shards ourselves.
-        grads: dict[str, torch.Tensor | None] = {}
-        for name, flat in self.module.named_parameters():  # collective: the same order on every rank
-            names = original_names(name, flat)
-            if flat.grad is None:
-                grads.update(dict.fromkeys(names))
-                continue
-            shards = [torch.empty_like(flat.grad) for _ in range(dist.get_world_size())]
-            dist.all_gather(shards, flat.grad.contiguous())
-            full = torch.cat(shards)
-            pieces = iter(zip(names, flat._shapes))
-            offset = 0
-            for numel, is_padding in zip(flat._numels_with_padding, flat._is_padding_mask):
-                if not is_padding:
-                    fqn, shape = next(pieces)
-                    grads[fqn] = full[offset:offset + numel].view(shape).clone()
-                offset += numel
-        return grads
+        return flat_param_grads(self.module, INFIXES)
 
 
 class _NormTap:

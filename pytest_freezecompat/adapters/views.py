@@ -41,26 +41,30 @@ class ParamView:
         return {n: None if p.grad is None else p.grad.detach().clone() for n, p in self.named_parameters().items()}
 
 
-def flat_param_grads(fsdp_module: nn.Module) -> dict[str, torch.Tensor | None]:
+def flat_param_grads(fsdp_module: nn.Module,
+                     infixes: tuple[str, ...] = FSDP1_INFIXES) -> dict[str, torch.Tensor | None]:
     """Full grads of every original param of an FSDP1 module with flat params (use_orig_params=False).
 
     `summon_full_params(with_grads=True)` refuses flat params, so gather each flat grad's shards
-    and split it by the flat param's FQNs, shapes and padding. A collective: every rank calls it.
+    and split it by the flat param's FQNs, shapes and padding. `infixes` are the wrapper module
+    names to drop from names (add checkpoint wrappers where they sit inside FSDP units).
+    A collective: every rank calls it.
     """
     grads: dict[str, torch.Tensor | None] = {}
     for name, flat in fsdp_module.named_parameters():  # same order on every rank
-        owner = strip_wrapper_infixes(name.rpartition("_flat_param")[0], FSDP1_INFIXES)
+        owner = name.rpartition("_flat_param")[0]
+        names = [strip_wrapper_infixes(owner + fqn, infixes) for fqn in flat._fqns]
         if flat.grad is None:
-            grads.update({owner + fqn: None for fqn in flat._fqns})
+            grads.update(dict.fromkeys(names))
             continue
         shards = [torch.empty_like(flat.grad) for _ in range(dist.get_world_size())]
         dist.all_gather(shards, flat.grad.contiguous())
         full = torch.cat(shards)
-        pieces = iter(zip(flat._fqns, flat._shapes))
+        pieces = iter(zip(names, flat._shapes))
         offset = 0
         for numel, is_padding in zip(flat._numels_with_padding, flat._is_padding_mask):
             if not is_padding:
-                fqn, shape = next(pieces)
-                grads[owner + fqn] = full[offset:offset + numel].view(shape).clone()
+                original, shape = next(pieces)
+                grads[original] = full[offset:offset + numel].view(shape).clone()
             offset += numel
     return grads
