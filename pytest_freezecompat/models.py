@@ -172,23 +172,6 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
-def import_ref(ref: str) -> Any:
-    """`package.module:Qual.name` -> the object; how rank processes find a user's factories."""
-    module_name, _, qualname = ref.partition(":")
-    target: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
-
-
-def ref_of(obj: Any) -> str:
-    """The importable reference of a module-level function or class (the inverse of `import_ref`)."""
-    qualname = getattr(obj, "__qualname__", "")
-    if not callable(obj) or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"{obj!r} must be a module-level function or class, so rank processes can import it")
-    return f"{obj.__module__}:{qualname}"
-
-
 def apply_checkpointing(model: nn.Module, mode: str) -> None:
     """Activation checkpointing through the model's own switch: ours, or Hugging Face's."""
     if hasattr(model, "set_activation_checkpointing"):

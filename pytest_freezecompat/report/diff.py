@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..known_issues import display_status
+from ..core.records import display_status
 
 MESSAGE_CHARS = 160
 

@@ -14,7 +14,7 @@ from collections import Counter
 from html import escape
 from typing import Any
 
-from ..known_issues import display_status
+from ..core.records import display_status
 
 #: Display status -> (label, glyph). The glyph always shows the raw status; colour shows the display status.
 GLYPHS = {"pass": "✓", "fail": "✗", "error": "!", "timeout": "◷", "crash": "†", "skip": "–"}

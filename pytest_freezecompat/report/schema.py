@@ -11,8 +11,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..core.records import STATUSES
+
 SCHEMA = 1
-STATUSES = ("pass", "fail", "error", "timeout", "crash", "skip")
 REQUIRED_CELL_FIELDS = ("id", "model", "framework", "plugin", "init", "checkpoint", "freeze", "environment", "status")
 
 

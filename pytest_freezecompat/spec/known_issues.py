@@ -230,13 +230,3 @@ def annotate(report: dict[str, Any], registry: Registry) -> dict[str, Any]:
         else:
             cell["known_issue"] = found
     return report
-
-
-def display_status(cell: dict[str, Any]) -> str:
-    """What tables show: `known` / `fixed?` where the registry says so, else the raw status."""
-    known = cell.get("known_issue") or {}
-    if known.get("expected"):
-        return "known"
-    if known.get("fixed"):
-        return "fixed?"
-    return cell["status"]

@@ -1,4 +1,4 @@
-"""Freeze patterns as data: which parameters train, which the optimizer gets.
+"""Freeze patterns as data (pure: no torch; `adapters.base.apply_freeze` sets the flags): which parameters train, which the optimizer gets.
 
 A pattern names *groups* (`embedding`, `decoder`, `last_block`, ...); each model
 maps groups to parameter-name globs in the matrix file. Resolving a pattern
@@ -12,9 +12,7 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from torch import nn
-
-ALL_GROUP = "all"
+from .names import ALL_GROUP, import_ref
 
 
 @dataclass(frozen=True)
@@ -28,6 +26,8 @@ class FreezePattern:
     description: str = ""
     #: `module:qualname` of `f(name) -> bool` (True = trainable), instead of `frozen`/`trainable` groups.
     predicate: str | None = None
+    #: A stack may refuse this pattern before the first step (e.g. nothing left to train): a refusal passes.
+    may_refuse: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,6 @@ class FreezePlan:
     def expect_grad(self) -> frozenset[str]:
         """Params that must end a backward with a gradient."""
         return self.trainable - self.unused
-
-    @property
-    def should_move(self) -> frozenset[str]:
-        return self.optimized & self.expect_grad
 
 
 class PatternError(ValueError):
@@ -82,8 +78,6 @@ def _names_in_groups(groups: Iterable[str], group_globs: Mapping[str, Iterable[s
 def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], names: Iterable[str]) -> FreezePlan:
     names = tuple(names)
     if pattern.predicate is not None:
-        from .models import import_ref
-
         is_trainable = import_ref(pattern.predicate)
         trainable = {n for n in names if is_trainable(n)}
     elif pattern.trainable is not None:
@@ -97,9 +91,3 @@ def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], na
     )
     unused = _names_in_groups(pattern.unused, group_globs, names, pattern.id)
     return FreezePlan(names, frozenset(trainable), frozenset(optimized), frozenset(unused))
-
-
-def apply(plan: FreezePlan, model: nn.Module) -> None:
-    """Set `requires_grad` on the bare model, before any wrapper sees it."""
-    for name, param in model.named_parameters():
-        param.requires_grad_(name in plan.trainable)

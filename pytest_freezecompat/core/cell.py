@@ -7,12 +7,10 @@ pytest or of any framework.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .freeze import FreezePattern
-
-KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze")
-ID_SEPARATOR = "/"
+from .names import ID_SEPARATOR, KEY_AXES
 
 
 @dataclass(frozen=True, order=True)
@@ -30,6 +28,14 @@ class CellKey:
 
     def as_dict(self) -> dict[str, str]:
         return {axis: getattr(self, axis) for axis in KEY_AXES}
+
+    @classmethod
+    def parse(cls, cell_id: str) -> CellKey:
+        """The inverse of `id`; a ValueError names what is wrong."""
+        parts = cell_id.split(ID_SEPARATOR)
+        if len(parts) != len(KEY_AXES):
+            raise ValueError(f"cell id {cell_id!r} is not {ID_SEPARATOR.join(KEY_AXES)}")
+        return cls(*parts)
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,3 @@ class Cell:
     @property
     def id(self) -> str:
         return self.key.id
-
-    def summary(self) -> dict[str, object]:
-        return {**asdict(self.key), "id": self.id, "environment": self.environment,
-                "world_size": self.world_size, "precision": self.precision, "emulation": self.emulation}

@@ -1,0 +1,34 @@
+"""Names and patterns shared by the matrix files, the registry, user cases and reports."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+#: An axis value, pattern id, case name or registry id: lowercase letters, digits and '-'.
+VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+#: The axes of a cell's key, in the order of its id (`model/framework/plugin/init/checkpoint/freeze`).
+KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze")
+ID_SEPARATOR = "/"
+#: The checks a cell's verdict is made of, in the order they are reported.
+CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update")
+#: The freeze-pattern group that stands for every parameter of a model.
+ALL_GROUP = "all"
+
+
+def import_ref(ref: str) -> Any:
+    """`package.module:Qual.name` -> the object; how rank processes find adapters and a user's factories."""
+    module_name, _, qualname = ref.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in filter(None, qualname.split(".")):
+        target = getattr(target, part)
+    return target
+
+
+def ref_of(obj: Any) -> str:
+    """The importable reference of a module-level function or class (the inverse of `import_ref`)."""
+    qualname = getattr(obj, "__qualname__", "")
+    if not callable(obj) or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"{obj!r} must be a module-level function or class, so rank processes can import it")
+    return f"{obj.__module__}:{qualname}"

@@ -1,0 +1,163 @@
+"""Typed records: what a rank saw of a cell, what the pool saw of the ranks, and the report's row.
+
+Rank records cross a local pipe (pickled between our own processes); report rows become JSON.
+Arrays are float32 numpy arrays, typed `Any` here so that `core` stays stdlib-only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """A cell's raw status: what happened, before any registry says why."""
+
+    PASS = "pass"  # every check held
+    FAIL = "fail"  # it ran; a check failed
+    ERROR = "error"  # it raised
+    TIMEOUT = "timeout"  # a hang
+    CRASH = "crash"  # a rank died
+    SKIP = "skip"  # decided at planning
+
+
+STATUSES = tuple(s.value for s in Status)
+FAILING = (Status.FAIL.value, Status.ERROR.value, Status.CRASH.value, Status.TIMEOUT.value)
+
+
+class Outcome(str, enum.Enum):
+    """How the pool saw a cell end."""
+
+    DONE = "done"  # every rank replied
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    STUCK_AFTER_ERROR = "stuck-after-error"  # one rank raised, a peer never replied
+    RENDEZVOUS_HANG = "rendezvous-hang"  # joining the cell's fresh group hung (the harness; retried once)
+
+
+@dataclass
+class RankError:
+    type: str
+    message: str  # first line
+    full_message: str
+    rank: int
+    where: str  # file:line in function, of the innermost frame
+    phase: str
+    traceback: str
+    at: float  # ranks share a clock: the earliest error is the cause, the rest its echoes
+    #: The training step it was raised in; None before the first step (wrapping, setup: a refusal).
+    step: int | None = None
+
+
+@dataclass
+class StepFacts:
+    """One step as a rank saw it (rank 0 keeps the tensors; the others only the norm)."""
+
+    grads: dict[str, Any] | None = None
+    norm: float | None = None
+    norm_source: str | None = None
+    params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """The cell's `FreezePlan`, by original parameter name."""
+
+    names: tuple[str, ...]
+    trainable: tuple[str, ...]
+    optimized: tuple[str, ...]
+    unused: tuple[str, ...]
+
+
+@dataclass
+class RankRecord:
+    """Facts one rank reports for one cell; the rank never decides a verdict."""
+
+    rank: int
+    phase: str = "setup"
+    notes: list[str] = field(default_factory=list)
+    emulated: list[str] = field(default_factory=list)  # shim patches that really engaged
+    steps: list[StepFacts] = field(default_factory=list)
+    grad_access: str | None = None
+    requires_grad: dict[str, bool] | None = None
+    tracked: tuple[str, ...] | None = None
+    initial: dict[str, Any] | None = None  # rank 0: params after wrapping
+    plan: PlanFacts | None = None
+    reference: list[StepFacts] | None = None  # rank 0: the single-process reference's steps
+    init_matches_eager: bool = True
+    error: RankError | None = None
+
+
+@dataclass
+class RankState:
+    """What the pool knows of one rank at the end of a cell."""
+
+    rank: int
+    phase: str = "waiting for cell"
+    record: RankRecord | None = None
+    exit: str | None = None
+    stack: str = ""
+    log_tail: str = ""
+
+
+@dataclass
+class CellRun:
+    """What the pool saw of one cell: per-rank states and how it ended."""
+
+    outcome: Outcome
+    ranks: list[RankState]
+    fresh_start_s: float | None = None  # the pool was (re)started for this cell, taking this long
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CellRecord:
+    """One row of `matrix.json` (schema 1): the cell's key, where it ran, its verdict and its story."""
+
+    id: str
+    model: str
+    framework: str
+    plugin: str
+    init: str
+    checkpoint: str
+    freeze: str
+    environment: str
+    world_size: int
+    precision: str
+    emulation: bool
+    status: str
+    repro: str
+    check: str | None = None
+    message: str = ""
+    notes: list[str] = field(default_factory=list)
+    grad_access: str | None = None
+    grad_norm_source: str | None = None
+    rank_details: list[dict[str, Any]] = field(default_factory=list)
+    duration_s: float = 0.0
+    emulated: list[str] | None = None
+    pool_start_s: float | None = None
+    known_issue: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON types; optional fields that are unset are left out."""
+        data = asdict(self)
+        for optional in ("emulated", "pool_start_s", "known_issue"):
+            if data[optional] is None:
+                del data[optional]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CellRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def display_status(cell: dict[str, Any]) -> str:
+    """What tables show for a report row: `known` / `fixed?` where the registry says so, else the raw status."""
+    known = cell.get("known_issue") or {}
+    if known.get("expected"):
+        return "known"
+    if known.get("fixed"):
+        return "fixed?"
+    return cell["status"]
