@@ -7,6 +7,7 @@ pytest's tmp dir (recorded as the `screenshot` property); set FREEZECOMPAT_SCREE
 import os
 import re
 import shutil
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,13 @@ def test_render_escapes_everything_and_needs_no_network():
     assert page.count('<button class="cell') == 7
 
 
+def test_style_and_script_are_inlined_from_package_assets():
+    page = html.render(sample_report())
+    assets = resources.files(html.__package__) / "assets"
+    for name in ("report.css", "report.js"):
+        assert (assets / name).read_text(encoding="utf-8") in page
+
+
 def _browser(tmp_path):
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
     binary = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
@@ -79,11 +87,11 @@ def _browser(tmp_path):
 
 
 def test_matrix_html_in_a_headless_browser(tmp_path, record_property):
+    write.write(tmp_path / "report", sample_report())
+    browser = _browser(tmp_path)  # skips first where selenium or the browser is missing
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    write.write(tmp_path / "report", sample_report())
-    browser = _browser(tmp_path)
     try:
         browser.get((tmp_path / "report" / "matrix.html").as_uri())
         assert browser.title == "Freeze compatibility matrix"

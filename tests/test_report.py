@@ -3,7 +3,7 @@ import json
 import pytest
 
 from pytest_freezecompat.cli import main as cli
-from pytest_freezecompat.report import markdown, merge, schema, write
+from pytest_freezecompat.report import grid, markdown, merge, schema, write
 
 
 def cell(plugin="ddp", freeze="none", status="pass", framework="torch", **extra):
@@ -36,6 +36,28 @@ def test_markdown_marks_emulated_cells_and_groups_checkpoint_modes():
     assert "checkpoint: none · reentrant" in md
     assert "| none | ✅❌ᴱ |" in md
     assert "(check `grads`) — no grad" in md
+
+
+def test_grid_places_cells_by_their_fields_not_their_ids():
+    known = {"id": "k", "link": "https://example.org/k", "expected": True}
+    cells = [cell(), cell(plugin="fsdp1", freeze="lora", status="error", grad_access=None),
+             cell(plugin="fsdp1", status="fail", known_issue=known, grad_access="flat view",
+                  grad_norm_source="clip_grad_norm_"),
+             cell(framework="megatron", freeze="lora"),
+             {**cell(), "id": "an id no renderer could rebuild", "checkpoint": "reentrant"}]
+    torch, megatron = grid.sections(cells)
+    assert (torch.plugins, torch.checkpoints) == (("ddp", "fsdp1"), ("none", "reentrant"))
+    [block] = torch.blocks
+    assert (block.model, block.init) == ("tiny-gpt", "eager")
+    assert [[column.slots for column in row.columns] for row in block.rows] == [
+        [(cells[0], cells[4]), (cells[2], None)],  # freeze none: ddp, fsdp1
+        [(None, None), (cells[1], None)],  # freeze lora
+    ]
+    assert [row.freeze for row in block.rows] == ["none", "lora"]
+    assert dict(torch.counts) == {"pass": 2, "error": 1, "fail": 1, "known": 1} and torch.cells == 4
+    assert torch.grad_access == (grid.GradAccess("ddp", "param.grad", "not exposed"),
+                                 grid.GradAccess("fsdp1", "flat view", "clip_grad_norm_"))
+    assert megatron.blocks[0].rows[0].columns == (grid.Column("ddp", (cells[3],)),)
 
 
 def test_merge_joins_environments_and_refuses_duplicates():

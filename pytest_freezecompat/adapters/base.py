@@ -1,26 +1,32 @@
-"""The interface between the shared scenario and one framework.
+"""The contract between the shared scenario and one framework.
 
-An adapter owns training for its framework (some, like Composer's Trainer, own
-the loop), and reports facts through the `Probe` at fixed points. It never
-judges: the controller compares what the probe saw with the reference.
+An adapter builds, freezes and wraps the cell's model its framework's way, then trains it
+through `loop.train` (or, where the framework owns the loop, drives the same `loop.StepProbes`
+from its callbacks). It reports facts through the `Probe`; it never judges.
 
-Adapters that drive the loop themselves implement `ExplicitLoop` and hand it to
-`scenario.run_explicit_loop`, which makes the probe calls in the right order.
+What an adapter implements (`Adapter`):
+  run(ctx)                      build, freeze, wrap, train; the only required method
+  reference_model(cell)         optional: (bare single-process model, loss) when the cell's model is
+                                the framework's own; None means the tiny model of `models.py`
+What it declares (`core.declaration.AdapterDeclaration` in its package's `__init__.py`):
+  plugins, init modes, checkpoint modes it knows, its implementation class, its shim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from ..cell import Cell
-from ..freeze import FreezePlan
+from ..core.cell import Cell
+from ..core.freeze import FreezePlan
 
 Batch = dict[str, torch.Tensor]
+LossOf = Callable[[nn.Module, Batch], torch.Tensor]
 
 
 class ModelView(Protocol):
@@ -48,10 +54,13 @@ class Probe(Protocol):
     def note(self, text: str) -> None: ...
 
     def emulated(self, what: str) -> None:
-        """Record that a CUDA-on-CPU shim was engaged (labelled `emulation` in the report)."""
+        """Record that a CUDA-on-CPU shim patch really engaged (the cell is labelled `emulation`)."""
 
     def wrapped(self, view: ModelView) -> None:
         """After wrapping, materializing and building the optimizer, before the first step."""
+
+    def step_started(self, step: int) -> None:
+        """From here on an error belongs to training step `step`, not to the setup."""
 
     def after_backward(self, step: int, view: ModelView) -> None: ...
 
@@ -59,6 +68,12 @@ class Probe(Protocol):
         """`source` says where the norm came from, e.g. `returned by clip_grad_norm_`."""
 
     def after_step(self, step: int, view: ModelView) -> None: ...
+
+
+class Shim(Protocol):
+    """A CUDA-on-CPU shim (`adapters.emulation.Shim` is the one implementation to subclass)."""
+
+    def apply(self, cell: Cell, probe: Probe, device: torch.device) -> contextlib.AbstractContextManager[None]: ...
 
 
 @dataclass
@@ -73,8 +88,9 @@ class RunContext:
     batches: list[Batch]
     build_model: Callable[..., nn.Module]
     resolve_plan: Callable[[nn.Module], FreezePlan]
-    loss: Callable[[nn.Module, Batch], torch.Tensor]
+    loss: LossOf
     """The cell's loss on a (local) batch: `ctx.loss(model, ctx.local_batch(step))`."""
+    shim: Shim | None = None
 
     def local_batch(self, step: int, dp_rank: int | None = None, dp_size: int | None = None) -> Batch:
         """This data-parallel rank's rows of the global batch of `step`, on the cell's device.
@@ -93,25 +109,34 @@ class RunContext:
         h = self.cell.hyper
         return torch.optim.AdamW(params, lr=h.lr, betas=h.betas, eps=h.eps, weight_decay=h.weight_decay)
 
-
-class ExplicitLoop(Protocol):
-    view: ModelView
-
-    def forward_backward(self, batch: Batch) -> torch.Tensor: ...
-
-    def clip(self, max_norm: float) -> tuple[float | None, str]: ...
-
-    def step(self) -> None: ...
-
-    def zero_grad(self) -> None: ...
+    @contextlib.contextmanager
+    def emulation(self) -> Iterator[None]:
+        """The adapter's shim around what needs it, when a matrix rule asked for emulation on this cell."""
+        if self.shim is None:
+            yield
+            return
+        with self.shim.apply(self.cell, self.probe, self.device):
+            yield
 
 
 class Adapter(Protocol):
-    """One framework. Optionally also `reference_model(cell) -> (bare nn.Module, loss_of(model, batch))`
-    when the cell's model is the framework's own (same parameter names, single process, no wrapper);
-    the default reference is the tiny model of `models.py`. Eager init means `models.init_weights`."""
-
     def run(self, ctx: RunContext) -> None: ...
+
+    def reference_model(self, cell: Cell) -> tuple[nn.Module, LossOf] | None:
+        """The single-process reference for the framework's own model, or None for the cell's model."""
+
+
+class AdapterBase:
+    """Defaults of the optional parts of `Adapter`."""
+
+    def reference_model(self, cell: Cell) -> tuple[nn.Module, LossOf] | None:
+        return None
+
+
+def apply_freeze(plan: FreezePlan, model: nn.Module, names: Callable[[str], str] = str) -> None:
+    """Set `requires_grad` on the bare model, before any wrapper sees it (`names` maps local to plan names)."""
+    for name, param in model.named_parameters():
+        param.requires_grad_(names(name) in plan.trainable)
 
 
 def strip_wrapper_infixes(name: str, infixes: tuple[str, ...]) -> str:

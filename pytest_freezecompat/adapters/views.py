@@ -1,38 +1,71 @@
-"""The plainest `ModelView`: a module whose parameters are whole, full tensors with their grads on them.
+"""Views of a wrapped model by the bare model's parameter names: whole params, DTensors, FSDP1 units.
 
-DDP-style wrappers (torch DDP, ColossalAI's TorchDDP and HybridParallel zero 0, ...) leave the
-bare model like that; sharding views subclass it. Only torch is imported, so adapters pinned to an
-older torch can share it.
+Every adapter reads its model back through one of these (or a subclass for the stack's own
+storage: ZeRO grad stores, Gemini chunks, Megatron's TP shards). Only torch is imported, so
+adapters pinned to an older torch share them. The one name mapping is `original_names`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from .base import strip_wrapper_infixes
 
 #: The module names FSDP1 inserts into parameter names.
 FSDP1_INFIXES = ("_fsdp_wrapped_module",)
+FLAT_PARAM = "_flat_param"
+
+
+def original_names(name: str, param: nn.Parameter, infixes: tuple[str, ...] = FSDP1_INFIXES) -> list[str]:
+    """The bare model's names one wrapped parameter stands for (an FSDP1 flat param stands for many)."""
+    fqns = getattr(param, "_fqns", None)
+    if fqns is None:
+        return [strip_wrapper_infixes(name, infixes)]
+    owner = name.rpartition(FLAT_PARAM)[0]
+    return [strip_wrapper_infixes(owner + fqn, infixes) for fqn in fqns]
+
+
+def optimizer_params(module: nn.Module, optimized: Iterable[str],
+                     infixes: tuple[str, ...] = FSDP1_INFIXES) -> list[nn.Parameter]:
+    """What a user passes to the optimizer: the wrapped params that stand for a param they mean to train."""
+    wanted = set(optimized)
+    return [p for n, p in module.named_parameters()
+            if p.requires_grad and any(o in wanted for o in original_names(n, p, infixes))]
 
 
 class ParamView:
+    """Whole, full tensors with their grads on them (DDP-style wrappers leave the bare model like that)."""
+
     grad_access = "param.grad"
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, module: nn.Module, optimizers: torch.optim.Optimizer | list,
+                 infixes: tuple[str, ...] = FSDP1_INFIXES) -> None:
         self.module = module
-        self.optimizer = optimizer
+        self.optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        self.infixes = infixes
 
     def named_parameters(self) -> dict[str, nn.Parameter]:
-        return dict(self.module.named_parameters())
+        return {strip_wrapper_infixes(n, self.infixes): p for n, p in self.module.named_parameters()}
 
     def requires_grad_flags(self) -> dict[str, bool]:
         return {n: p.requires_grad for n, p in self.named_parameters().items()}
 
     def tracked_names(self) -> set[str]:
-        by_id = {id(p): n for n, p in self.named_parameters().items()}
-        return {by_id[id(p)] for group in self.optimizer.param_groups for p in group["params"]}
+        owners = {id(p): (n, p) for n, p in self.module.named_parameters()}
+        tracked: set[str] = set()
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if id(param) in owners:
+                        tracked.update(original_names(*owners[id(param)], self.infixes))
+                    else:  # the optimizer holds a tensor the wrapped model does not: name it so the check shows it
+                        tracked.add(f"<not a model param: {tuple(param.shape)}>")
+        return tracked
 
     def full_params(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.named_parameters().items()}
@@ -41,19 +74,56 @@ class ParamView:
         return {n: None if p.grad is None else p.grad.detach().clone() for n, p in self.named_parameters().items()}
 
 
+class DTensorView(ParamView):
+    """FSDP2 (`fully_shard`): params and grads are DTensors; `full_tensor()` gathers them (a collective)."""
+
+    grad_access = "param.grad.full_tensor() (DTensor)"
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().full_tensor() for n, p in self.named_parameters().items()}
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        # collective: the same order on every rank
+        return {n: None if p.grad is None else p.grad.full_tensor() for n, p in self.named_parameters().items()}
+
+
+class FSDP1View(ParamView):
+    """An FSDP1 module, flat params (use_orig_params=False) or original ones."""
+
+    grad_access = "FSDP.summon_full_params(model, with_grads=True)"
+
+    def __init__(self, module: FSDP, optimizers: torch.optim.Optimizer | list,
+                 infixes: tuple[str, ...] = FSDP1_INFIXES) -> None:
+        super().__init__(module, optimizers, infixes)
+        if not module._use_orig_params:
+            self.grad_access = "flat_param.grad shards, all-gathered and split by flat_param._fqns"
+
+    def requires_grad_flags(self) -> dict[str, bool]:
+        with FSDP.summon_full_params(self.module, writeback=False):
+            return super().requires_grad_flags()
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        with FSDP.summon_full_params(self.module, writeback=False):
+            return super().full_params()
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        if self.module._use_orig_params:
+            with FSDP.summon_full_params(self.module, writeback=False, with_grads=True):
+                return super().full_grads()
+        # summon_full_params(with_grads=True) refuses flat params: gather the shards ourselves.
+        return flat_param_grads(self.module, self.infixes)
+
+
 def flat_param_grads(fsdp_module: nn.Module,
                      infixes: tuple[str, ...] = FSDP1_INFIXES) -> dict[str, torch.Tensor | None]:
     """Full grads of every original param of an FSDP1 module with flat params (use_orig_params=False).
 
-    `summon_full_params(with_grads=True)` refuses flat params, so gather each flat grad's shards
-    and split it by the flat param's FQNs, shapes and padding. `infixes` are the wrapper module
-    names to drop from names (add checkpoint wrappers where they sit inside FSDP units).
+    Gather each flat grad's shards and split it by the flat param's FQNs, shapes and padding.
     A collective: every rank calls it.
     """
     grads: dict[str, torch.Tensor | None] = {}
     for name, flat in fsdp_module.named_parameters():  # same order on every rank
-        owner = name.rpartition("_flat_param")[0]
-        names = [strip_wrapper_infixes(owner + fqn, infixes) for fqn in flat._fqns]
+        names = original_names(name, flat, infixes)
         if flat.grad is None:
             grads.update(dict.fromkeys(names))
             continue

@@ -19,11 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
+
+from ..core.cell import Cell
+from ..core.messages import RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell, Stop
+from ..core.records import CellRun, Outcome, RankState
 
 #: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
 STARTUP_TIMEOUT_S = 180.0
@@ -39,34 +42,11 @@ RENDEZVOUS_TIMEOUT_S = 30.0
 #: Leaving a cell's group takes milliseconds (ranks meet in a 10 s monitored barrier at most); past this
 #: the pool is restarted before the next cell, so a stuck teardown is never blamed on the next cell.
 LEAVE_TIMEOUT_S = 20.0
-#: The phase a rank reports while it joins the cell's fresh process group (the harness, not the framework).
-RENDEZVOUS_PHASE = "init process group"
 LOG_TAIL_LINES = 25
 
 
 class PoolError(RuntimeError):
     """The pool could not be started: every cell it would serve fails the same way."""
-
-
-@dataclass
-class RankState:
-    rank: int
-    phase: str = "waiting for cell"
-    record: dict[str, Any] | None = None
-    exit: str | None = None
-    stack: str = ""
-    log_tail: str = ""
-
-
-@dataclass
-class CellRun:
-    """What the pool saw of one cell: per-rank records and, when it went wrong, how."""
-
-    outcome: str  # "done" | "timeout" | "crash" | "stuck-after-error" (internally also "rendezvous-hang")
-    ranks: list[RankState]
-    duration_s: float
-    fresh_start_s: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def _loopback_store(timeout_s: float) -> tuple[Any, int]:
@@ -98,10 +78,9 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 class RankPool:
-    def __init__(self, world_size: int, preload: list[str], extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, world_size: int, preload: list[str]) -> None:
         self.world_size = world_size
         self.preload = preload
-        self.extra_env = extra_env or {}
         self._workdir = Path(tempfile.mkdtemp(prefix="freezecompat-pool-"))
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
@@ -122,7 +101,7 @@ class RankPool:
         self.close()
         self._generation += 1
         started = time.perf_counter()
-        env = {**os.environ, **self.extra_env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_USE_AGENT_STORE": "True",
                "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size), "NODE_RANK": "0",
                "GROUP_RANK": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
@@ -132,7 +111,7 @@ class RankPool:
             log_path, stack_path = self._paths(rank)
             with open(log_path, "w") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "pytest_freezecompat.rank", str(child_end.fileno()), str(stack_path),
+                    [sys.executable, "-m", "pytest_freezecompat.rank.main", str(child_end.fileno()), str(stack_path),
                      ",".join(self.preload)],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -150,7 +129,10 @@ class RankPool:
                     tail = _tail(self._paths(rank)[0], 5).replace("\n", " | ")
                     self.close()
                     raise PoolError(f"rank {rank} failed to start ({why}): {tail}")
-            conn.recv()  # ("ready", info)
+            ready = conn.recv()
+            if not isinstance(ready, Ready):
+                self.close()
+                raise PoolError(f"rank {rank} sent {type(ready).__name__} before it was ready")
         return time.perf_counter() - started
 
     def shutdown(self) -> None:
@@ -161,7 +143,7 @@ class RankPool:
     def close(self) -> None:
         for conn in self._conns:
             try:
-                conn.send(("stop",))
+                conn.send(Stop())
             except OSError:
                 pass
         for proc in self._procs:
@@ -175,47 +157,46 @@ class RankPool:
         self._procs, self._conns = [], []
 
     # -- one cell ----------------------------------------------------------------------------
-    def run(self, cell: Any, timeout_s: float) -> CellRun:
+    def run(self, cell: Cell, timeout_s: float) -> CellRun:
         notes = []
         for attempt in (1, 2):
             fresh_start_s = None if self.alive else self.start()
             self._cell_index += 1
             store, port = _loopback_store(timeout_s)
             states = [RankState(rank) for rank in range(self.world_size)]
-            started = time.perf_counter()
             try:
                 outcome = self._dispatch(cell, port, states, time.monotonic() + timeout_s)
             finally:
                 del store
-            if outcome == "done" and not self._all_left():
+            if outcome is Outcome.DONE and not self._all_left():
                 notes.append(f"a rank did not leave the cell's process group within {LEAVE_TIMEOUT_S:.0f} s; "
                              "the pool was restarted before the next cell")
                 self.close()
-            if outcome != "done":
+            if outcome is not Outcome.DONE:
                 self._collect_stories(states)
                 self.close()
-            if outcome != "rendezvous-hang" or attempt == 2:
+            if outcome is not Outcome.RENDEZVOUS_HANG or attempt == 2:
                 break
             notes.append(f"joining the cell's process group hung for {RENDEZVOUS_TIMEOUT_S:.0f} s "
                          "(before the framework ran); pool restarted and the cell retried")
-        if outcome == "rendezvous-hang":
-            outcome = "timeout"
-        return CellRun(outcome, states, time.perf_counter() - started, fresh_start_s, notes)
+        if outcome is Outcome.RENDEZVOUS_HANG:
+            outcome = Outcome.TIMEOUT
+        return CellRun(outcome, states, fresh_start_s, notes)
 
-    def _dispatch(self, cell: Any, port: int, states: list[RankState], deadline: float) -> str:
+    def _dispatch(self, cell: Cell, port: int, states: list[RankState], deadline: float) -> Outcome:
         for conn in self._conns:
-            conn.send(("cell", self._cell_index, cell, port))
+            conn.send(RunCell(self._cell_index, cell, port))
         pending = set(range(self.world_size))
         first_error_at: float | None = None
         rendezvous_deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
         while pending:
             now = time.monotonic()
             if now > deadline:
-                return "timeout"
+                return Outcome.TIMEOUT
             if now > rendezvous_deadline and any(states[r].phase == RENDEZVOUS_PHASE for r in pending):
-                return "rendezvous-hang"
+                return Outcome.RENDEZVOUS_HANG
             if first_error_at is not None and now - first_error_at > ERROR_GRACE_S:
-                return "stuck-after-error"
+                return Outcome.STUCK_AFTER_ERROR
             ready = wait([self._conns[r] for r in pending], timeout=POLL_S)
             for conn in ready:
                 rank = self._conns.index(conn)
@@ -223,17 +204,17 @@ class RankPool:
                     message = conn.recv()
                 except (EOFError, OSError):
                     self._procs[rank].wait(timeout=5)
-                    return "crash"
-                if message[0] == "phase":
-                    states[rank].phase = message[1]
-                elif message[0] == "record":
-                    states[rank].record = message[1]
+                    return Outcome.CRASH
+                if isinstance(message, Phase):
+                    states[rank].phase = message.text
+                elif isinstance(message, Reply):
+                    states[rank].record = message.record
                     pending.discard(rank)
-                    if "error" in message[1] and first_error_at is None:
+                    if message.record.error is not None and first_error_at is None:
                         first_error_at = time.monotonic()
             if any(self._procs[r].poll() is not None for r in pending):
-                return "crash"
-        return "done"
+                return Outcome.CRASH
+        return Outcome.DONE
 
     def _all_left(self) -> bool:
         """Wait for every rank's ("left",) after a finished cell."""
@@ -243,7 +224,7 @@ class RankPool:
                 if self._procs[rank].poll() is not None or time.monotonic() > deadline:
                     return False
             try:
-                if conn.recv()[0] != "left":
+                if not isinstance(conn.recv(), Left):
                     return False
             except (EOFError, OSError):
                 return False

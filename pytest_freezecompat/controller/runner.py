@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checks, known_issues
-from .cell import Cell
-from .plan import Selection, UserCase, plan, user_cells
+from ..core.cell import Cell
+from ..core.records import CellRecord, Status
+from ..report import schema, write
+from ..spec import known_issues
+from ..spec.matrix import Spec, default_spec_path
+from ..spec.plan import Selection, UserCase, plan, user_cells
+from ..verdict import checks
 from .pool import PoolError, RankPool
-from .report import schema, write
-from .spec import Spec, default_spec_path
 
 #: Report on disk at least this often during a run, so a killed run still leaves most of it.
 REPORT_EVERY_S = 5.0
@@ -54,6 +56,14 @@ def repro_command(cell: Cell, options: Options) -> str:
     if options.world_size != 2:
         args += ["--freeze-matrix-world-size", str(options.world_size)]
     return shlex.join(args)
+
+
+def _record(cell: Cell, repro: str, status: Status, message: str, **fields: Any) -> CellRecord:
+    """A report row for `cell`: its key and where it ran, plus what happened."""
+    return CellRecord(id=cell.id, **cell.key.as_dict(), environment=cell.environment, world_size=cell.world_size,
+                      precision=cell.precision, emulation=fields.pop("emulation", False), status=status.value,
+                      message=message, repro=repro,
+                      known_issue={"id": cell.known_issue} if cell.known_issue else None, **fields)
 
 
 class MatrixRun:
@@ -95,54 +105,31 @@ class MatrixRun:
         return self._pool
 
     def run_cell(self, cell: Cell, repro: str) -> dict[str, Any]:
-        """Run one cell and return its report record (the rank facts judged here, in the controller)."""
+        """Run one cell and return its report row (the rank facts judged here, in the controller)."""
         started = time.perf_counter()
-        record = {**cell.summary(), "repro": repro, "grad_access": None,
-                  "grad_norm_source": None, "check": None, "message": "", "notes": [], "rank_details": []}
-        if cell.known_issue:
-            record["known_issue"] = {"id": cell.known_issue}
         if self._pool_error:
-            record.update(status="error", message=self._pool_error)
-            return record
+            return self._annotated(_record(cell, repro, Status.ERROR, self._pool_error))
         try:
             run = self._get_pool().run(cell, self.options.timeout_s)
         except PoolError as exc:
             self._pool_error = f"rank pool could not start: {exc}"
-            record.update(status="error", message=self._pool_error)
-            return record
-        verdict = checks.judge(run, cell.precision, cell.key.freeze, self.options.timeout_s, cell.tolerance,
-                               cell.hyper.lr)
-        lead = run.ranks[0].record or {}
-        sources = {s.get("norm_source") for s in lead.get("steps", []) if s.get("norm_source")}
-        # Emulation is what the shim reported engaging; a rank that never replied may have engaged it too.
-        engaged = sorted({w for s in run.ranks for w in (s.record or {}).get("emulated", [])})
-        unknown = cell.emulation and any(s.record is None for s in run.ranks)
-        record.update(status=verdict.status, check=verdict.check, message=verdict.message,
-                      notes=run.notes + verdict.notes,
-                      emulation=bool(engaged) or unknown, emulated=engaged,
-                      grad_access=lead.get("grad_access"), grad_norm_source=", ".join(sorted(sources)) or None,
-                      rank_details=checks.rank_details(run), duration_s=round(time.perf_counter() - started, 3))
-        if run.fresh_start_s is not None:
-            record["pool_start_s"] = round(run.fresh_start_s, 3)
-        return self._with_known_issue(record)
+            return self._annotated(_record(cell, repro, Status.ERROR, self._pool_error))
+        verdict = checks.judge(run, cell, self.options.timeout_s)
+        facts = checks.run_facts(run, cell)
+        record = _record(cell, repro, verdict.status, verdict.message, check=verdict.check,
+                         notes=run.notes + verdict.notes, rank_details=checks.rank_details(run),
+                         duration_s=round(time.perf_counter() - started, 3),
+                         pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3), **facts)
+        return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:
-        record = {**cell.summary(), "emulation": False, "status": "skip", "message": cell.skip, "check": None,
-                  "duration_s": 0.0,
-                  "repro": repro, "grad_access": None, "grad_norm_source": None,
-                  "notes": [], "rank_details": []}
-        if cell.known_issue:
-            record["known_issue"] = {"id": cell.known_issue}
-        return self._with_known_issue(record)
+        return self._annotated(_record(cell, repro, Status.SKIP, cell.skip or ""))
 
-    def _with_known_issue(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Tie the record to the registry entry that explains it (its raw status never changes)."""
-        found = known_issues.match(record, self.environment(record["environment"]), self.known)
-        if found is None:
-            record.pop("known_issue", None)
-        else:
-            record["known_issue"] = found
-        return record
+    def _annotated(self, record: CellRecord) -> dict[str, Any]:
+        """The row as JSON, tied to the registry entry that explains it (its raw status never changes)."""
+        row = record.to_json()
+        known_issues.annotate_cell(row, self.environment(record.environment), self.known)
+        return row
 
     def close(self) -> None:
         if self._pool is not None:

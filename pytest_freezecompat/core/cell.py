@@ -69,13 +69,15 @@ class UserModel:
 class Cell:
     key: CellKey
     environment: str
-    adapter: str
+    adapter: str  # `module:Class` of the adapter's implementation
     world_size: int
     device: str
     pattern: FreezePattern
     groups: dict[str, tuple[str, ...]]
     precision: str = "fp32"
     emulation: bool = False
+    #: `module:name` of the adapter's CUDA-on-CPU shim, set when a rule asks for emulation.
+    shim: str | None = None
     options: dict[str, object] = field(default_factory=dict)
     hyper: Hyper = field(default_factory=Hyper)
     skip: str | None = None

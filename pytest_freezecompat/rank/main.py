@@ -1,10 +1,8 @@
 """The rank's loop: receive a cell over the pool's pipe, join a fresh group, run it, reply.
 
-Started by `pool.py` as `python -m pytest_freezecompat.rank FD`, in its own
-process session so the pool can kill the rank with every helper it spawned.
-Messages on the pipe (our own processes only):
-  controller -> rank: ("cell", index, Cell, store_port) | ("stop",)
-  rank -> controller: ("ready", info) | ("phase", text) | ("record", dict) | ("left",) (group torn down)
+Started by the controller's pool as `python -m pytest_freezecompat.rank.main FD STACKFILE PRELOAD`,
+in its own process session so the pool can kill the rank with every helper it spawned. The
+messages on the pipe are `core.messages` (our own processes only).
 """
 
 from __future__ import annotations
@@ -24,7 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .pool import RENDEZVOUS_PHASE
+from ..core.messages import RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell
+from ..core.records import RankRecord
 from .scenario import describe_error, run_cell
 
 #: A collective that waits longer than this is stuck; the controller's cell deadline fires first.
@@ -47,22 +46,18 @@ def _init_group(backend: str, device: torch.device) -> None:
     dist.init_process_group(backend, init_method="env://", **kwargs)
 
 
-def _run_one(conn: Connection, index: int, cell: Any, store_port: int) -> dict[str, Any]:
+def _run_one(conn: Connection, message: RunCell) -> RankRecord:
     rank = int(os.environ["RANK"])
-    os.environ["MASTER_PORT"] = str(store_port)
-    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(index)
-    phase = "init process group"
+    os.environ["MASTER_PORT"] = str(message.store_port)
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(message.index)
     try:
-        device = _device_for(cell.device, int(os.environ["LOCAL_RANK"]))
-        adapter_cls = cell.adapter
-        owns_group = getattr(importlib.import_module(adapter_cls.partition(":")[0]), "OWNS_PROCESS_GROUP", False)
-        if not owns_group:
-            conn.send(("phase", RENDEZVOUS_PHASE))
-            _init_group("nccl" if device.type == "cuda" else "gloo", device)
-            conn.send(("phase", "process group ready"))
-        return run_cell(cell, rank, device, lambda text: conn.send(("phase", text)))
+        device = _device_for(message.cell.device, int(os.environ["LOCAL_RANK"]))
+        conn.send(Phase(RENDEZVOUS_PHASE))
+        _init_group("nccl" if device.type == "cuda" else "gloo", device)
+        conn.send(Phase("process group ready"))
+        return run_cell(message.cell, rank, device, lambda text: conn.send(Phase(text)))
     except Exception as exc:
-        return {"rank": rank, "phase": phase, "error": describe_error(exc, phase, rank), "steps": [], "notes": []}
+        return RankRecord(rank=rank, phase=RENDEZVOUS_PHASE, error=describe_error(exc, RENDEZVOUS_PHASE, rank))
 
 
 def _leave_group() -> None:
@@ -90,20 +85,19 @@ def main(fd: int, stack_file: str, preload: list[str]) -> None:
                 importlib.import_module(module)
             except Exception as exc:  # the cell that needs it reports the import error itself
                 print(f"preload of {module} failed: {exc!r}", file=sys.stderr)
-        conn.send(("ready", {"pid": os.getpid(), "import_s": time.perf_counter() - started}))
+        conn.send(Ready(os.getpid(), time.perf_counter() - started))
         while True:
             try:
                 message = conn.recv()
             except EOFError:
                 return
-            if message[0] == "stop":
+            if not isinstance(message, RunCell):  # Stop
                 return
-            _, index, cell, store_port = message
             # The record goes first: leaving the group can hang after a framework raised, and the
-            # controller must not wait on that for the cell's facts (it waits for "left" separately).
-            conn.send(("record", _run_one(conn, index, cell, store_port)))
+            # controller must not wait on that for the cell's facts (it waits for Left separately).
+            conn.send(Reply(_run_one(conn, message)))
             _leave_group()
-            conn.send(("left",))
+            conn.send(Left())
 
 
 if __name__ == "__main__":

@@ -6,17 +6,24 @@ is judged on training, not on how its init mode filled the weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from . import models
-from .cell import Cell
-from .freeze import FreezePlan, apply
+from .. import models
+from ..adapters.base import LossOf, apply_freeze
+from ..core.cell import Cell
+from ..core.freeze import FreezePlan
 
 Tensors = dict[str, torch.Tensor]
-LossOf = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+@dataclass
+class ReferenceStep:
+    grads: dict[str, torch.Tensor | None]
+    norm: float
+    params: Tensors
 
 
 def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -24,7 +31,7 @@ def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
-        model: nn.Module, loss_of: LossOf) -> dict:
+        model: nn.Module, loss_of: LossOf) -> list[ReferenceStep]:
     """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
 
     `model` is bare and single-process, with the same parameter names as the cell's model
@@ -34,7 +41,7 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(initial[name].to(param.dtype))
-    apply(plan, model)
+    apply_freeze(plan, model)
     params = dict(model.named_parameters())
     optimized = [p for n, p in params.items() if n in plan.optimized]
     optimizer = (torch.optim.AdamW(optimized, lr=h.lr, betas=h.betas, eps=h.eps, weight_decay=h.weight_decay)
@@ -52,6 +59,5 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
         norm = float(torch.nn.utils.clip_grad_norm_([p for p in params.values() if p.grad is not None], h.max_norm))
         if optimizer is not None:
             optimizer.step()
-        steps.append({"grads": grads, "norm": norm,
-                      "params": {n: p.detach().float().clone() for n, p in params.items()}})
-    return {"steps": steps}
+        steps.append(ReferenceStep(grads, norm, {n: p.detach().float().clone() for n, p in params.items()}))
+    return steps

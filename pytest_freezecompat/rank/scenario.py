@@ -2,30 +2,27 @@
 
 build the model -> freeze (before wrapping) -> checkpoint mode -> adapter.run
 (with probes) -> on rank 0, the single-process reference. The result is a
-record of facts (plain data, tensors as float32 numpy arrays); the rank never
-decides a verdict.
+`RankRecord` of facts (tensors as float32 numpy arrays); the rank never decides a verdict.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from . import models, reference
-from .adapters.base import Batch, ExplicitLoop, ModelView, RunContext
-from .cell import Cell
-from .freeze import FreezePlan, resolve
-from .reference import LossOf
-
-SETUP_PHASE = "setup"
+from .. import models
+from ..adapters.base import Adapter, Batch, LossOf, ModelView, RunContext
+from ..core.cell import Cell
+from ..core.freeze import FreezePlan, resolve
+from ..core.names import import_ref
+from ..core.records import PlanFacts, RankError, RankRecord, StepFacts
+from . import reference
 
 
 def to_numpy(tensors: dict[str, torch.Tensor | None]) -> dict[str, np.ndarray | None]:
@@ -39,83 +36,63 @@ class Recorder:
     def __init__(self, rank: int, send_phase: Callable[[str], None]) -> None:
         self.rank = rank
         self._send_phase = send_phase
-        self.record: dict[str, Any] = {"rank": rank, "phase": SETUP_PHASE, "notes": [], "emulated": [],
-                                       "steps": [], "grad_access": None}
+        self.record = RankRecord(rank=rank)
+        self.step: int | None = None  # the training step under way; None during setup
         self.initial_params: dict[str, torch.Tensor] | None = None
 
     def phase(self, text: str) -> None:
-        self.record["phase"] = text
+        self.record.phase = text
         self._send_phase(text)
 
     def note(self, text: str) -> None:
-        self.record["notes"].append(text)
+        self.record.notes.append(text)
 
     def emulated(self, what: str) -> None:
-        if what not in self.record["emulated"]:
-            self.record["emulated"].append(what)
+        if what not in self.record.emulated:
+            self.record.emulated.append(what)
 
-    def _step(self, step: int) -> dict[str, Any]:
-        while len(self.record["steps"]) <= step:
-            self.record["steps"].append({})
-        return self.record["steps"][step]
+    def _step(self, step: int) -> StepFacts:
+        while len(self.record.steps) <= step:
+            self.record.steps.append(StepFacts())
+        return self.record.steps[step]
 
     def wrapped(self, view: ModelView) -> None:
         self.phase("read state after wrap")
-        self.record["grad_access"] = view.grad_access
-        self.record["requires_grad"] = view.requires_grad_flags()
-        self.record["tracked"] = sorted(view.tracked_names())
+        self.record.grad_access = view.grad_access
+        self.record.requires_grad = view.requires_grad_flags()
+        self.record.tracked = tuple(sorted(view.tracked_names()))
         params = view.full_params()
         self.initial_params = {n: t.detach().to("cpu", torch.float32).clone() for n, t in params.items()}
         if self.rank == 0:
-            self.record["initial"] = to_numpy(params)
+            self.record.initial = to_numpy(params)
+
+    def step_started(self, step: int) -> None:
+        self.step = step
 
     def after_backward(self, step: int, view: ModelView) -> None:
         self.phase(f"step {step}: read grads")
         grads = view.full_grads()
         if self.rank == 0:
-            self._step(step)["grads"] = to_numpy(grads)
+            self._step(step).grads = to_numpy(grads)
 
     def clipped(self, step: int, total_norm: float | None, source: str) -> None:
         entry = self._step(step)
-        entry["norm"] = None if total_norm is None else float(total_norm)
-        entry["norm_source"] = source
+        entry.norm = None if total_norm is None else float(total_norm)
+        entry.norm_source = source
 
     def after_step(self, step: int, view: ModelView) -> None:
         self.phase(f"step {step}: read params")
         params = view.full_params()
         if self.rank == 0:
-            self._step(step)["params"] = to_numpy(params)
+            self._step(step).params = to_numpy(params)
 
 
-def run_explicit_loop(ctx: RunContext, loop: ExplicitLoop) -> None:
-    """The training loop for adapters that let us drive it: probes at the same points for all."""
-    ctx.probe.wrapped(loop.view)
-    for step in range(ctx.cell.hyper.steps):
-        ctx.probe.phase(f"step {step}: forward/backward")
-        loop.zero_grad()
-        loop.forward_backward(ctx.local_batch(step))
-        ctx.probe.after_backward(step, loop.view)
-        ctx.probe.phase(f"step {step}: clip")
-        norm, source = loop.clip(ctx.cell.hyper.max_norm)
-        ctx.probe.clipped(step, norm, source)
-        ctx.probe.phase(f"step {step}: optimizer step")
-        loop.step()
-        ctx.probe.after_step(step, loop.view)
-
-
-def load_adapter(path: str) -> Any:
-    """`package.module:Class` -> an instance; adapters are found by the matrix file, not by a registry."""
-    module_name, _, class_name = path.partition(":")
-    return getattr(importlib.import_module(module_name), class_name or "Adapter")()
-
-
-def describe_error(exc: BaseException, phase: str, rank: int) -> dict[str, str]:
+def describe_error(exc: BaseException, phase: str, rank: int, step: int | None = None) -> RankError:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
     first_line = (str(exc).strip().splitlines() or [""])[0]
-    return {"type": type(exc).__name__, "message": first_line, "full_message": str(exc), "rank": str(rank),
-            "where": where, "phase": phase, "traceback": "".join(traceback.format_exception(exc)),
-            "at": time.time()}  # ranks share a clock: the earliest error is the cause, the rest its echoes
+    return RankError(type=type(exc).__name__, message=first_line, full_message=str(exc), rank=rank, where=where,
+                     phase=phase, traceback="".join(traceback.format_exception(exc)), at=time.time(), step=step)
 
 
 def _construct(cell: Cell, device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
@@ -125,13 +102,14 @@ def _construct(cell: Cell, device: str | torch.device | None = None, initialize:
                             vision="vision" in cell.pattern.features, device=device, initialize=initialize)
     torch.manual_seed(cell.hyper.seed)
     with torch.device(device) if device is not None else contextlib.nullcontext():
-        return models.import_ref(cell.user_model.factory)()
+        return import_ref(cell.user_model.factory)()
 
 
 def _builder(cell: Cell) -> Callable[..., nn.Module]:
     def build_model(device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
         model = _construct(cell, device, initialize)
-        if cell.key.checkpoint in models.CHECKPOINT_MODES:  # other modes are the framework's own switch
+        # The modes checkpointing wraps the model's blocks in; an adapter declares any others as its own.
+        if cell.key.checkpoint in models.CHECKPOINT_MODES:
             models.apply_checkpointing(model, cell.key.checkpoint)
         return model
 
@@ -144,30 +122,29 @@ def _data(cell: Cell) -> tuple[list[Batch], LossOf]:
         batches = models.make_batches(cell.key.model, seed=cell.hyper.seed, steps=cell.hyper.steps,
                                       global_batch=global_batch)
         return batches, reference.tiny_loss
-    make_batch = models.import_ref(cell.user_model.batch)
+    make_batch = import_ref(cell.user_model.batch)
     batches = [make_batch(global_batch, step) for step in range(cell.hyper.steps)]
-    return batches, models.import_ref(cell.user_model.loss)
+    return batches, import_ref(cell.user_model.loss)
 
 
-def _reference(cell: Cell, adapter: Any, plan: FreezePlan, initial: dict[str, torch.Tensor],
-               batches: list[Batch], loss: LossOf) -> dict[str, Any]:
-    if hasattr(adapter, "reference_model"):  # the framework's own model (e.g. Megatron's GPTModel)
-        reference_model, reference_loss = adapter.reference_model(cell)
+def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str, torch.Tensor],
+               batches: list[Batch], loss: LossOf, record: RankRecord) -> None:
+    own = adapter.reference_model(cell)  # the framework's own model (e.g. Megatron's GPTModel), or None
+    if own is not None:
+        reference_model, reference_loss = own
         eager, _ = adapter.reference_model(cell)
         models.init_weights(eager, cell.hyper.seed)
     else:
         reference_model, reference_loss = _construct(cell, "cpu", initialize=False), loss
         eager = _construct(cell, "cpu")
-    ref = reference.run(cell, plan, initial, batches, reference_model, reference_loss)
-    return {
-        "reference": {"steps": [{"grads": to_numpy(s["grads"]), "norm": s["norm"], "params": to_numpy(s["params"])}
-                                for s in ref["steps"]]},
-        "init_matches_eager": all(torch.equal(p.detach().float(), initial[n]) for n, p in eager.named_parameters()),
-    }
+    steps = reference.run(cell, plan, initial, batches, reference_model, reference_loss)
+    record.reference = [StepFacts(grads=to_numpy(s.grads), norm=s.norm, params=to_numpy(s.params)) for s in steps]
+    record.init_matches_eager = all(torch.equal(p.detach().float(), initial[n]) for n, p in eager.named_parameters())
 
 
-def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[str], None]) -> dict[str, Any]:
+def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[str], None]) -> RankRecord:
     recorder = Recorder(rank, send_phase)
+    record = recorder.record
     torch.manual_seed(cell.hyper.seed)
     batches, loss = _data(cell)
     plans: list[FreezePlan] = []
@@ -177,24 +154,23 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         plans.append(plan)
         return plan
 
-    ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
-                     batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan, loss=loss)
-    adapter = None
+    adapter: Adapter | None = None
     try:
-        adapter = load_adapter(cell.adapter)
+        ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
+                         batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan, loss=loss,
+                         shim=import_ref(cell.shim) if cell.shim else None)
+        adapter = import_ref(cell.adapter)()
         adapter.run(ctx)
     except Exception as exc:  # a framework may raise anything; the controller classifies it
-        recorder.record["error"] = describe_error(exc, recorder.record["phase"], rank)
+        record.error = describe_error(exc, record.phase, rank, recorder.step)
     if plans:
         plan = plans[0]
-        recorder.record["plan"] = {"names": list(plan.names), "trainable": sorted(plan.trainable),
-                                   "optimized": sorted(plan.optimized), "unused": sorted(plan.unused)}
-    if rank == 0 and plans and recorder.initial_params is not None and "error" not in recorder.record:
+        record.plan = PlanFacts(plan.names, tuple(sorted(plan.trainable)), tuple(sorted(plan.optimized)),
+                                tuple(sorted(plan.unused)))
+    if rank == 0 and adapter is not None and plans and recorder.initial_params is not None and record.error is None:
         recorder.phase("reference")
         try:
-            recorder.record.update(_reference(cell, adapter, plans[0], recorder.initial_params, batches, loss))
+            _reference(cell, adapter, plans[0], recorder.initial_params, batches, loss, record)
         except Exception as exc:  # our own reference failing is an error of the cell, named as such
-            recorder.record["error"] = describe_error(exc, "reference", rank)
-    return recorder.record
-
-
+            record.error = describe_error(exc, "reference", rank)
+    return record

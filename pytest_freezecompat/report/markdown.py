@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from ..core.records import display_status
+from ..core.records import STATUSES, display_status
+from . import grid
 
 SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱️", "crash": "☠️", "skip": "⏭️"}
 EMULATION_MARK = "ᴱ"
@@ -19,10 +20,6 @@ EMULATION_MARK = "ᴱ"
 REGISTRY_MARKS = {"known": "ᴷ", "fixed?": "ᶠ"}
 ABSENT = "·"
 MESSAGE_CHARS = 300
-
-
-def _ordered(values: list[str]) -> list[str]:
-    return list(dict.fromkeys(values))
 
 
 def _legend() -> str:
@@ -43,18 +40,12 @@ def _environments(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _summary(cells: list[dict[str, Any]]) -> list[str]:
-    by_framework: dict[str, Counter] = defaultdict(Counter)
-    for cell in cells:
-        by_framework[cell["framework"]][cell["status"]] += 1
-        if display_status(cell) in REGISTRY_MARKS:
-            by_framework[cell["framework"]][display_status(cell)] += 1
-    columns = [*SYMBOLS, *REGISTRY_MARKS]
-    header = "| framework | " + " | ".join(columns) + " | cells |"
-    lines = [header, "|---" * (len(columns) + 2) + "|"]
-    for framework, counts in by_framework.items():
-        lines.append(f"| {framework} | " + " | ".join(str(counts.get(s, 0)) for s in columns)
-                     + f" | {sum(counts.get(s, 0) for s in SYMBOLS)} |")
+def _summary(sections: list[grid.Section]) -> list[str]:
+    header = "| framework | " + " | ".join(grid.DISPLAY_STATUSES) + " | cells |"
+    lines = [header, "|---" * (len(grid.DISPLAY_STATUSES) + 2) + "|"]
+    for section in sections:
+        lines.append(f"| {section.framework} | " + " | ".join(str(section.counts[s]) for s in grid.DISPLAY_STATUSES)
+                     + f" | {section.cells} |")
     return lines
 
 
@@ -65,39 +56,26 @@ def _symbol(cell: dict[str, Any] | None) -> str:
             + (EMULATION_MARK if cell.get("emulation") else ""))
 
 
-def _tables(cells: list[dict[str, Any]]) -> list[str]:
+def _tables(sections: list[grid.Section]) -> list[str]:
     lines: list[str] = []
-    index = {c["id"]: c for c in cells}
-    for framework in _ordered([c["framework"] for c in cells]):
-        fw_cells = [c for c in cells if c["framework"] == framework]
-        lines += ["", f"## {framework}"]
-        plugins = _ordered([c["plugin"] for c in fw_cells])
-        checkpoints = _ordered([c["checkpoint"] for c in fw_cells])
-        for model in _ordered([c["model"] for c in fw_cells]):
-            for init in _ordered([c["init"] for c in fw_cells if c["model"] == model]):
-                scope = [c for c in fw_cells if c["model"] == model and c["init"] == init]
-                lines += ["", f"### {model}, init `{init}` — checkpoint: {' · '.join(checkpoints)}", "",
-                          "| freeze | " + " | ".join(plugins) + " |", "|---" * (len(plugins) + 1) + "|"]
-                for freeze in _ordered([c["freeze"] for c in scope]):
-                    row = []
-                    for plugin in plugins:
-                        row.append("".join(_symbol(index.get(f"{model}/{framework}/{plugin}/{init}/{ck}/{freeze}"))
-                                           for ck in checkpoints))
-                    lines.append(f"| {freeze} | " + " | ".join(row) + " |")
-        lines += ["", _access_table(fw_cells)]
+    for section in sections:
+        lines += ["", f"## {section.framework}"]
+        for block in section.blocks:
+            lines += ["", f"### {block.model}, init `{block.init}` — checkpoint: {' · '.join(section.checkpoints)}",
+                      "", "| freeze | " + " | ".join(section.plugins) + " |",
+                      "|---" * (len(section.plugins) + 1) + "|"]
+            lines += [f"| {row.freeze} | " + " | ".join("".join(map(_symbol, column.slots)) for column in row.columns)
+                      + " |" for row in block.rows]
+        lines += ["", _access_table(section.grad_access)]
     return lines
 
 
-def _access_table(cells: list[dict[str, Any]]) -> str:
+def _access_table(access: tuple[grid.GradAccess, ...]) -> str:
     """Where a user reads full grads and the clip norm, per plugin (CASES C5)."""
-    seen: dict[str, tuple[str, str]] = {}
-    for cell in cells:
-        if cell.get("grad_access") and cell["plugin"] not in seen:
-            seen[cell["plugin"]] = (cell["grad_access"], cell.get("grad_norm_source") or "not exposed")
-    if not seen:
+    if not access:
         return ""
     rows = ["| plugin | full grad of a trainable param | clip norm |", "|---|---|---|"]
-    rows += [f"| {p} | `{g}` | {n} |" for p, (g, n) in seen.items()]
+    rows += [f"| {a.plugin} | `{a.grad}` | {a.norm} |" for a in access]
     return "\n".join(rows)
 
 
@@ -125,9 +103,8 @@ def _notes(cells: list[dict[str, Any]]) -> list[str]:
                 message = message[:MESSAGE_CHARS] + "…"
             groups[(cell["status"], cell.get("check") or "", _known_label(cell), message)].append(cell["id"])
     lines = ["", "## Notes", ""]
-    order = list(SYMBOLS)
     for (status, check, known, message), ids in sorted(groups.items(),
-                                                        key=lambda g: (order.index(g[0][0]), g[0][1:])):
+                                                        key=lambda g: (STATUSES.index(g[0][0]), g[0][1:])):
         what = f"**{status}**" + (f" (check `{check}`)" if check else "") + (f" ({known})" if known else "")
         shown = ", ".join(f"`{i}`" for i in ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
         text = f" — {_inline(message)}" if message else ""
@@ -156,10 +133,11 @@ def _known_issues(cells: list[dict[str, Any]]) -> list[str]:
 
 def render(report: dict[str, Any]) -> str:
     cells = report["cells"]
+    sections = grid.sections(cells)
     out = ["# Freeze compatibility matrix", "",
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
            "reference (requires_grad flags, optimizer-tracked params, grads, clip norm, updates).", "",
-           _legend(), "", *_environments(report), "", *_summary(cells), *_tables(cells), *_notes(cells),
+           _legend(), "", *_environments(report), "", *_summary(sections), *_tables(sections), *_notes(cells),
            *_known_issues(cells)]
     return "\n".join(out) + "\n"

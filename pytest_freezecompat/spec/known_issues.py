@@ -17,20 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-FAILING = ("fail", "error", "crash", "timeout")
-#: Copies of `cell.KEY_AXES` and `checks.CHECKS` (a test keeps them equal): importing those modules pulls in
-#: torch, and the registry must load where only the report tools run (the nightly publish job).
-KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze")
-CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update")
+from ..core.names import CHECKS, KEY_AXES, VALUE_RE
+from ..core.records import FAILING
+from .matrix import default_spec_path, tomllib
+
 #: What a selector may name: the cell's key axes, and the device of its environment.
 SELECTOR_KEYS = (*KEY_AXES, "device")
 REQUIRED = ("id", "summary", "links", "when", "versions", "status", "pattern")
 OPTIONAL = ("check",)
-ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 FILE_NAME = "known_issues.toml"
 
 
@@ -89,8 +86,6 @@ class Registry:
 
 def default_path() -> Path:
     """The registry beside the default matrix (packaged with it, or the repo's `matrix/`)."""
-    from .spec import default_spec_path  # imports torch (through freeze.py): only where the matrix runs
-
     return default_spec_path().parent / FILE_NAME
 
 
@@ -134,7 +129,7 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
     for field in body:
         if field not in REQUIRED and field not in OPTIONAL:
             raise error(field, f"unknown field; valid: {', '.join(REQUIRED + OPTIONAL)}")
-    if not isinstance(body["id"], str) or not ID_RE.match(body["id"]):
+    if not isinstance(body["id"], str) or not VALUE_RE.match(body["id"]):
         raise error("id", "must be lowercase letters, digits and '-'")
     if body["id"] in seen:
         raise error("id", f"duplicate of entry #{seen[body['id']] + 1}")
@@ -221,12 +216,17 @@ def match(cell: dict[str, Any], environment: dict[str, Any], registry: Registry)
     return None
 
 
+def annotate_cell(cell: dict[str, Any], environment: dict[str, Any], registry: Registry) -> None:
+    """Tie one report row to the entry that explains it, in place (its raw status never changes)."""
+    found = match(cell, environment, registry)
+    if found is None:
+        cell.pop("known_issue", None)
+    else:
+        cell["known_issue"] = found
+
+
 def annotate(report: dict[str, Any], registry: Registry) -> dict[str, Any]:
     """Re-match every cell of a report against `registry` (in place; returns the report)."""
     for cell in report["cells"]:
-        found = match(cell, report["environments"].get(cell["environment"], {}), registry)
-        if found is None:
-            cell.pop("known_issue", None)
-        else:
-            cell["known_issue"] = found
+        annotate_cell(cell, report["environments"].get(cell["environment"], {}), registry)
     return report

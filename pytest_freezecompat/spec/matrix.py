@@ -8,18 +8,25 @@ frameworks inline under `[frameworks.<name>]` (handy for a one-file matrix).
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import tomllib
+from ..core.declaration import AdapterDeclaration, DeclarationError, load_declaration
+from ..core.freeze import FreezePattern
+from ..core.names import ALL_GROUP, VALUE_RE
+from .environments import Environment, merge_environment
 
-from .freeze import ALL_GROUP, FreezePattern
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 SCHEMA = 1
-VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 DEVICES = ("cpu", "cuda")
 RULE_EFFECTS = ("skip", "exclude", "emulation", "precision", "options", "known_issue")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -38,16 +45,10 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Environment:
-    name: str
-    install: tuple[str, ...]
-    frameworks: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Framework:
     name: str
-    adapter: str
+    adapter: str  # the adapter package, whose `DECLARATION` says what it offers
+    declaration: AdapterDeclaration
     import_name: str
     axes: dict[str, tuple[str, ...]]  # model, plugin, init, checkpoint, freeze
     environment: str
@@ -146,7 +147,14 @@ def _load_models(src: _Source, table: Any, models: dict[str, dict[str, tuple[str
         models[name] = {g: _str_list(src, globs, f"models.{name}.groups.{g}", g) for g, globs in groups.items()}
 
 
-PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features"}
+PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features", "may_refuse"}
+
+
+def _flag(src: _Source, body: dict[str, Any], key: str, what: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise src.error(f"{what}.{key} must be true or false", key)
+    return value
 
 
 def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
@@ -168,6 +176,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
             trainable=groups("trainable") if "trainable" in body else None,
             optimizer=groups("optimizer") if "optimizer" in body else None,
             unused=groups("unused"), features=groups("features"), description=str(body.get("description", "")),
+            may_refuse=_flag(src, body, "may_refuse", f"freeze.{pid}"),
         )
     return patterns
 
@@ -176,7 +185,8 @@ FRAMEWORK_KEYS = {"framework", "adapter", "import", "models", "plugins", "init",
                   "environment", "rule", "user_models"}
 
 
-def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tuple[str, ...]]) -> Rule:
+def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tuple[str, ...]],
+               declaration: AdapterDeclaration) -> Rule:
     where = f"{src.path}, rule {index + 1}"
     if not isinstance(body, dict):
         raise SpecError(f"{where}: must be a table")
@@ -189,6 +199,12 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
             raise src.error(f"{fw} rule {index + 1}: unknown axis {axis!r} in `when`; valid: "
                             f"{', '.join(['framework', *axes])}", axis)
         when[axis] = _str_list(src, pats, f"rule.when.{axis}", axis)
+        # Models and patterns may be a user's own (`freeze_case`); the other axes are the framework's.
+        offered = axes[axis] if axis in ("plugin", "init", "checkpoint") else ()
+        for pat in when[axis] if offered else ():
+            if not fnmatch.filter(offered, pat):
+                raise src.error(f"{fw} rule {index + 1}: `when` {axis} {pat!r} matches none of "
+                                f"{', '.join(offered)}", pat)
     device = body.get("device")
     if device is not None and device not in DEVICES:
         raise src.error(f"{fw} rule {index + 1}: device must be one of {', '.join(DEVICES)}", "device")
@@ -196,6 +212,8 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
     _reject_unknown_keys(src, body, {*RULE_EFFECTS, "when", "device"}, f"{fw} rule {index + 1}")
     if not effects:
         raise src.error(f"{fw} rule {index + 1} has no effect ({', '.join(RULE_EFFECTS)})", "when")
+    if effects.get("emulation") and declaration.emulation is None:
+        raise src.error(f"{fw} rule {index + 1}: `emulation = true`, but the adapter declares no shim", "emulation")
     if "precision" in effects and effects["precision"] not in PRECISIONS:
         raise src.error(f"{fw} rule {index + 1}: precision must be one of {', '.join(PRECISIONS)}", "precision")
     return Rule(when, device, effects, where)
@@ -214,6 +232,16 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
             "init": _axis_values(src, body["init"], f"{name}.init"),
             "checkpoint": _axis_values(src, body["checkpoint"], f"{name}.checkpoint"),
             "freeze": _axis_values(src, body["freeze"], f"{name}.freeze")}
+    adapter = str(body["adapter"])
+    try:
+        declaration = load_declaration(adapter)
+    except DeclarationError as exc:
+        raise src.error(f"framework {name}: {exc}", "adapter") from None
+    for axis in ("plugin", "init", "checkpoint"):
+        unknown = [v for v in axes[axis] if v not in declaration.offers(axis)]
+        if unknown:
+            raise src.error(f"framework {name}: {axis} {unknown[0]!r} is not offered by adapter {adapter}; "
+                            f"valid: {', '.join(declaration.offers(axis))}", unknown[0])
     env = body.get("environment", {"name": name})
     if not isinstance(env, dict) or not isinstance(env.get("name"), str):
         raise src.error(f"framework {name}: [environment] needs `name`", "environment")
@@ -223,8 +251,8 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
     if not isinstance(rules, list):
         raise src.error(f"framework {name}: rules are written [[rule]]", "rule")
     framework = Framework(
-        name=name, adapter=str(body["adapter"]), import_name=str(body.get("import", name)), axes=axes,
-        environment=environment.name, rules=tuple(_load_rule(src, name, i, r, axes) for i, r in enumerate(rules)),
+        name=name, adapter=adapter, declaration=declaration, import_name=str(body.get("import", name)), axes=axes,
+        environment=environment.name, rules=tuple(_load_rule(src, name, i, r, axes, declaration) for i, r in enumerate(rules)),
         where=src.where("framework"), user_models=bool(body.get("user_models", False)),
     )
     return framework, environment
@@ -249,12 +277,7 @@ def load(path: str | Path | None = None) -> Spec:
             raise src.error(f"framework {framework.name!r} is defined twice (also at {first})", "framework")
         frameworks[framework.name] = framework
         sources[framework.name] = src
-        if env.name in environments:
-            known = environments[env.name]
-            environments[env.name] = Environment(env.name, known.install or env.install,
-                                                 known.frameworks + env.frameworks)
-        else:
-            environments[env.name] = env
+        merge_environment(environments, env)
 
     for name, body in root.data.get("frameworks", {}).items():
         add(root, body, name)

@@ -12,9 +12,10 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .cell import KEY_AXES, Cell, CellKey, UserModel
-from .freeze import FreezePattern
-from .spec import Framework, Rule, Spec
+from ..core.cell import Cell, CellKey, UserModel
+from ..core.freeze import FreezePattern
+from ..core.names import KEY_AXES
+from .matrix import Framework, Rule, Spec
 
 
 class SelectionError(ValueError):
@@ -84,9 +85,11 @@ def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]]
         skip = effects.get("skip")
         if missing:
             skip = f"{fw.name} is not importable in this environment ({missing}); its environment is {fw.environment!r}"
-        yield Cell(key=key, environment=fw.environment, adapter=fw.adapter, world_size=world_size, device=device,
+        emulation = bool(effects.get("emulation", False))
+        yield Cell(key=key, environment=fw.environment, adapter=fw.declaration.implementation, world_size=world_size, device=device,
                    pattern=patterns[freeze], groups=user.groups if user else spec.models[model],
-                   precision=str(effects.get("precision", "fp32")), emulation=bool(effects.get("emulation", False)),
+                   precision=str(effects.get("precision", "fp32")), emulation=emulation,
+                   shim=fw.declaration.emulation if emulation else None,
                    options=options, skip=str(skip) if skip else None,
                    known_issue=str(effects["known_issue"]) if "known_issue" in effects else None,
                    user_model=user.model if user else None, tolerance=dict(user.tolerance) if user else {})

@@ -2,7 +2,7 @@
 
 Statuses: pass, fail (it ran; a check failed), error (it raised), timeout (a hang),
 crash (a rank died), skip (decided at planning). The checks, in the order they are
-reported (CASES.md, "checks"):
+reported:
   requires_grad  flags after wrapping equal the freeze pattern's
   optimizer      the optimizer tracks exactly the intended params, by original name
   grads          after backward: full, finite, equal to the reference; none where the reference has none
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .pool import CellRun
-
-CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update")
+from ..core.cell import Cell
+from ..core.names import CHECKS
+from ..core.records import CellRun, Outcome, RankRecord, Status, StepFacts
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ REFUSAL_NOTE = "refused before the first step"
 
 @dataclass
 class Verdict:
-    status: str
+    status: Status
     check: str | None = None
     message: str = ""
     notes: list[str] = field(default_factory=list)
@@ -67,17 +67,17 @@ def _clip(text: str) -> str:
     return text if len(text) <= DETAIL_CHARS else "..." + text[-DETAIL_CHARS:]
 
 
-def _check_flags(records: list[dict[str, Any]], trainable: set[str]) -> str | None:
+def _check_flags(records: list[RankRecord], trainable: set[str]) -> str | None:
     changed = set()
     for record in records:
-        for name, flag in record.get("requires_grad", {}).items():
+        for name, flag in (record.requires_grad or {}).items():
             if flag != (name in trainable):
                 changed.add(f"{name} ({name in trainable}->{flag})")
     return f"requires_grad changed by wrapping: {_names(changed)}" if changed else None
 
 
-def _check_tracked(records: list[dict[str, Any]], optimized: set[str]) -> str | None:
-    tracked = set().union(*(set(r.get("tracked", [])) for r in records))
+def _check_tracked(records: list[RankRecord], optimized: set[str]) -> str | None:
+    tracked = set().union(*(set(r.tracked or ()) for r in records))
     extra, missing = tracked - optimized, optimized - tracked
     parts = []
     if extra:
@@ -114,8 +114,8 @@ def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Toler
     return f"step {step}: " + "; ".join(found) if found else None
 
 
-def _check_norm(step: int, got: dict[str, Any], want: float, tol: Tolerance, notes: list[str]) -> str | None:
-    norm, source = got.get("norm"), got.get("norm_source", "?")
+def _check_norm(step: int, got: StepFacts, want: float, tol: Tolerance, notes: list[str]) -> str | None:
+    norm, source = got.norm, got.norm_source or "?"
     if norm is None:
         notes.append(f"step {step}: grad norm not verified: {source}")
         return None
@@ -151,72 +151,87 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
     return f"step {step}: " + "; ".join(found) if found else None
 
 
-def judge_records(records: list[dict[str, Any]], precision: str, pattern_id: str,
+def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = False,
                   tolerance: dict[str, float] | None = None, lr: float = 1e-2) -> Verdict:
-    """Verdict for a cell whose ranks all replied; `tolerance` overrides fields of the precision's."""
-    errors = sorted((r["error"] for r in records if "error" in r), key=lambda e: e.get("at", 0.0))
+    """Verdict for a cell whose ranks all replied; `tolerance` overrides fields of the precision's.
+
+    `may_refuse`: the freeze pattern leaves nothing to train, so an error before the first step passes.
+    """
+    errors = sorted((r.error for r in records if r.error is not None), key=lambda e: e.at)
     if errors:
         # The earliest error is the cause; where several ranks raised it, name the lowest (stable reruns).
-        err = min((e for e in errors if (e["type"], e["message"]) == (errors[0]["type"], errors[0]["message"])),
-                  key=lambda e: int(e["rank"]))
-        text = f"{err['type']}: {err['message']} (rank {err['rank']}, {err['phase']}, {err['where']})"
-        if pattern_id == "all" and not err["phase"].startswith("step "):
-            return Verdict("pass", None, f"{REFUSAL_NOTE}: {text}")
-        return Verdict("error", None, text)
+        err = min((e for e in errors if (e.type, e.message) == (errors[0].type, errors[0].message)),
+                  key=lambda e: e.rank)
+        text = f"{err.type}: {err.message} (rank {err.rank}, {err.phase}, {err.where})"
+        if may_refuse and err.step is None:
+            return Verdict(Status.PASS, None, f"{REFUSAL_NOTE}: {text}")
+        return Verdict(Status.ERROR, None, text)
     lead = records[0]
-    if "reference" not in lead or "plan" not in lead:
-        return Verdict("error", None, "the adapter finished without reporting its state (no probe.wrapped call)")
-    plan = lead["plan"]
-    notes: list[str] = [] if lead.get("init_matches_eager", True) else [
+    if lead.reference is None or lead.plan is None or lead.initial is None:
+        return Verdict(Status.ERROR, None, "the adapter finished without reporting its state (no probe.wrapped call)")
+    plan = lead.plan
+    notes: list[str] = [] if lead.init_matches_eager else [
         "values after wrapping differ from eager init (materialization or a cast at wrap; training is judged "
         "from the values after wrapping)"]
     tol = dataclasses.replace(TOLERANCES[precision], **(tolerance or {}))
     failures: list[tuple[int, str, str]] = []  # (step, check, problem); -1 = before the first step
-    for check, problem in (("requires_grad", _check_flags(records, set(plan["trainable"]))),
-                           ("optimizer", _check_tracked(records, set(plan["optimized"])))):
+    for check, problem in (("requires_grad", _check_flags(records, set(plan.trainable))),
+                           ("optimizer", _check_tracked(records, set(plan.optimized)))):
         if problem:
             failures.append((-1, check, problem))
-    ref_steps = lead["reference"]["steps"]
-    if len(lead["steps"]) < len(ref_steps):
-        failures.append((len(lead["steps"]), "update", f"ran {len(lead['steps'])} of {len(ref_steps)} steps"))
-    before = lead["initial"]
+    ref_steps = lead.reference
+    if len(lead.steps) < len(ref_steps):
+        failures.append((len(lead.steps), "update", f"ran {len(lead.steps)} of {len(ref_steps)} steps"))
+    before = lead.initial
     quiet: dict[str, np.ndarray] = {}
-    for step, (got, ref) in enumerate(zip(lead["steps"], ref_steps)):
-        for name, grad in ref["grads"].items():
+    for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
+        for name, grad in (ref.grads or {}).items():
             if grad is not None:
                 quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol)
-        for check, problem in (("grads", _check_grads(step, got.get("grads", {}), ref["grads"], tol, notes)),
-                               ("grad_norm", _check_norm(step, got, ref["norm"], tol, notes)),
-                               ("update", _check_update(step, got.get("params", {}), ref["params"], before, tol,
+        for check, problem in (("grads", _check_grads(step, got.grads or {}, ref.grads or {}, tol, notes)),
+                               ("grad_norm", _check_norm(step, got, ref.norm, tol, notes)),
+                               ("update", _check_update(step, got.params or {}, ref.params or {}, before, tol,
                                                         quiet, lr))):
             if problem:
                 failures.append((step, check, problem))
-        before = ref["params"]
-    notes.extend(n for r in records for n in r.get("notes", []))
+        before = ref.params
+    notes.extend(n for r in records for n in r.notes)
     if not failures:
-        return Verdict("pass", None, "", notes)
+        return Verdict(Status.PASS, None, "", notes)
     # The earliest step's first check is the root cause; later steps' problems of that check follow it.
     first = min(failures, key=lambda f: (f[0], CHECKS.index(f[1])))[1]
-    return Verdict("fail", first, " | ".join(p for _, c, p in failures if c == first), notes)
+    return Verdict(Status.FAIL, first, " | ".join(p for _, c, p in failures if c == first), notes)
 
 
-def judge(run: CellRun, precision: str, pattern_id: str, timeout_s: float,
-          tolerance: dict[str, float] | None = None, lr: float = 1e-2) -> Verdict:
+def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:
     """The cell's verdict from everything the pool saw, including hangs and crashes."""
-    if run.outcome == "done":
-        return judge_records([s.record for s in run.ranks if s.record is not None], precision, pattern_id,
-                             tolerance, lr)
-    if run.outcome == "timeout":
+    may_refuse, lr = cell.pattern.may_refuse, cell.hyper.lr
+    if run.outcome is Outcome.DONE:
+        return judge_records([s.record for s in run.ranks if s.record is not None], cell.precision, may_refuse,
+                             cell.tolerance, lr)
+    if run.outcome is Outcome.TIMEOUT:
         phases = "; ".join(f"rank {s.rank}: {s.phase}" for s in run.ranks)
-        return Verdict("timeout", None, f"no result within {timeout_s:.0f} s ({phases})")
-    if run.outcome == "crash":
+        return Verdict(Status.TIMEOUT, None, f"no result within {timeout_s:.0f} s ({phases})")
+    if run.outcome is Outcome.CRASH:
         dead = [s for s in run.ranks if s.exit]
         text = "; ".join(f"rank {s.rank} {s.exit} during {s.phase}" for s in dead) or "a rank closed its pipe"
-        return Verdict("crash", None, text)
-    failed = next(s for s in run.ranks if s.record is not None and "error" in s.record)
+        return Verdict(Status.CRASH, None, text)
+    failed = next(s.record for s in run.ranks if s.record is not None and s.record.error is not None)
     stuck = ", ".join(f"rank {s.rank} ({s.phase})" for s in run.ranks if s.record is None)
-    base = judge_records([failed.record], precision, pattern_id)
-    return Verdict("error", None, f"{base.message}; left waiting: {stuck}")
+    base = judge_records([failed], cell.precision, may_refuse)
+    return Verdict(Status.ERROR, None, f"{base.message}; left waiting: {stuck}")
+
+
+def run_facts(run: CellRun, cell: Cell) -> dict[str, Any]:
+    """What the report shows besides the verdict: emulation that engaged, where grads and the norm come from."""
+    replied = [s.record for s in run.ranks if s.record is not None]
+    lead = run.ranks[0].record
+    sources = {s.norm_source for s in (lead.steps if lead else []) if s.norm_source}
+    # Emulation is what the shim reported engaging; a rank that never replied may have engaged it too.
+    engaged = sorted({what for record in replied for what in record.emulated})
+    return {"emulation": bool(engaged) or (cell.emulation and len(replied) < len(run.ranks)), "emulated": engaged,
+            "grad_access": lead.grad_access if lead else None,
+            "grad_norm_source": ", ".join(sorted(sources)) or None}
 
 
 def rank_details(run: CellRun) -> list[dict[str, Any]]:
@@ -224,17 +239,17 @@ def rank_details(run: CellRun) -> list[dict[str, Any]]:
     details = []
     for state in run.ranks:
         entry: dict[str, Any] = {"rank": state.rank, "phase": state.phase}
-        error = (state.record or {}).get("error")
+        error = state.record.error if state.record else None
         if error:
-            entry["error"] = {k: error[k] for k in ("type", "message", "where", "phase")}
-            entry["traceback"] = _clip(error["traceback"])
+            entry["error"] = {"type": error.type, "message": error.message, "where": error.where, "phase": error.phase}
+            entry["traceback"] = _clip(error.traceback)
         if state.exit:
             entry["exit"] = state.exit
         if state.stack:
             entry["stack"] = _clip(state.stack)
-        if run.outcome != "done" and state.log_tail:
+        if run.outcome is not Outcome.DONE and state.log_tail:
             entry["log_tail"] = _clip(state.log_tail)
-        emulated = (state.record or {}).get("emulated")
+        emulated = state.record.emulated if state.record else None
         if emulated:
             entry["emulated"] = emulated
         details.append(entry)

@@ -11,36 +11,37 @@ through `probe.emulated` the first time it is actually used.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+
+from ...core.cell import Cell
+from ..emulation import Patch, Shim, always
 
 CURRENT_DEVICE = "torch.cuda.current_device() -> cpu (Composer passes it to FSDP1 as device_id)"
 TO_EMPTY = "nn.Module.to_empty(device='cuda...') -> cpu (Composer's meta-init hook materializes on CUDA)"
 
 
-@contextmanager
-def cuda_on_cpu(report: Callable[[str], None]) -> Iterator[None]:
-    """Answer Composer's CUDA device requests with the CPU while it wraps; `report` gets what was used."""
-    current_device = torch.cuda.current_device
-    to_empty = nn.Module.to_empty
+def _cpu_device() -> torch.device:
+    return torch.device("cpu")
 
-    def cpu_current_device() -> torch.device:
-        report(CURRENT_DEVICE)
-        return torch.device("cpu")
 
-    def cpu_to_empty(self: nn.Module, *, device: str | torch.device | int | None, recurse: bool = True) -> nn.Module:
+def _to_empty_on_cpu(report: Callable[[], None], to_empty: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    def cpu_to_empty(self: nn.Module, *, device: Any, recurse: bool = True) -> nn.Module:
         if str(device).startswith("cuda"):  # "cuda", "cuda:0" and "cuda:cpu" (a cpu current_device in an f-string)
-            report(TO_EMPTY)
+            report()
             device = "cpu"
         return to_empty(self, device=device, recurse=recurse)
 
-    torch.cuda.current_device = cpu_current_device
-    nn.Module.to_empty = cpu_to_empty  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.cuda.current_device = current_device
-        nn.Module.to_empty = to_empty  # type: ignore[method-assign]
+    return cpu_to_empty
+
+
+class ComposerShim(Shim):
+    def patches(self, cell: Cell, device: torch.device) -> list[Patch]:
+        return [Patch(torch.cuda, "current_device", always(_cpu_device), CURRENT_DEVICE),
+                Patch(nn.Module, "to_empty", _to_empty_on_cpu, TO_EMPTY)]
+
+
+SHIM = ComposerShim()

@@ -2,10 +2,16 @@
 
 Everything here is what a PyTorch user writes: freeze the bare model, wrap it
 (FSDP wraps every block, as users do), build AdamW from the parameters they
-mean to train, clip with the wrapper's own clipping API.
+mean to train, clip with the wrapper's own clipping API. The adapter to copy
+when adding a framework: a `_Loop` for `loop.train`, a view from `views`, and
+one `wrap` per plugin id its package declares.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -20,81 +26,27 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import models
-from ..freeze import FreezePlan, apply
-from ..scenario import run_explicit_loop
-from .base import Batch, RunContext, strip_wrapper_infixes
-from .views import FSDP1_INFIXES, ParamView, flat_param_grads
+from ... import models
+from ...core.freeze import FreezePlan
+from ..base import AdapterBase, RunContext, apply_freeze
+from ..loop import train
+from ..views import DTensorView, FSDP1View, ParamView, optimizer_params
 
 
-class _DTensorView(ParamView):
-    grad_access = "param.grad.full_tensor() (DTensor)"
-
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().full_tensor() for n, p in self.named_parameters().items()}
-
-    def full_grads(self) -> dict[str, torch.Tensor | None]:
-        grads = {}
-        for name, param in self.named_parameters().items():  # collective: same order on every rank
-            grads[name] = None if param.grad is None else param.grad.full_tensor()
-        return grads
-
-
-class _FSDP1View(ParamView):
-    grad_access = "FSDP.summon_full_params(model, with_grads=True)"
-
-    def __init__(self, module: FSDP, optimizer: torch.optim.Optimizer) -> None:
-        super().__init__(module, optimizer)
-        if not module._use_orig_params:
-            self.grad_access = "flat_param.grad shards, all-gathered and split by flat_param._fqns"
-
-    def named_parameters(self) -> dict[str, nn.Parameter]:
-        return {strip_wrapper_infixes(n, FSDP1_INFIXES): p for n, p in self.module.named_parameters()}
-
-    def requires_grad_flags(self) -> dict[str, bool]:
-        with FSDP.summon_full_params(self.module, writeback=False):
-            return super().requires_grad_flags()
-
-    def tracked_names(self) -> set[str]:
-        tracked: set[str] = set()
-        params = {id(p): (n, p) for n, p in self.module.named_parameters()}
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                name, param = params[id(p)]
-                fqns = getattr(param, "_fqns", None)
-                if fqns is None:  # use_orig_params=True: the optimizer holds the original params
-                    tracked.add(strip_wrapper_infixes(name, FSDP1_INFIXES))
-                    continue
-                # A flat param stands for every original param folded into it.
-                owner = strip_wrapper_infixes(name.rpartition("_flat_param")[0], FSDP1_INFIXES)
-                tracked.update(owner + fqn for fqn in fqns)
-        return tracked
-
-    def full_params(self) -> dict[str, torch.Tensor]:
-        with FSDP.summon_full_params(self.module, writeback=False):
-            return super().full_params()
-
-    def full_grads(self) -> dict[str, torch.Tensor | None]:
-        if self.module._use_orig_params:
-            with FSDP.summon_full_params(self.module, writeback=False, with_grads=True):
-                return super().full_grads()
-        # summon_full_params(with_grads=True) refuses flat params: gather the shards ourselves.
-        return flat_param_grads(self.module)
-
-
+@dataclass
 class _Loop:
-    def __init__(self, ctx: RunContext, model: nn.Module, view: ParamView, optimizer: torch.optim.Optimizer,
-                 clip_source: str) -> None:
-        self.ctx = ctx
-        self.model = model
-        self.view = view
-        self.optimizer = optimizer
-        self.clip_source = clip_source
+    ctx: RunContext
+    model: nn.Module
+    view: ParamView
+    optimizer: torch.optim.Optimizer
+    clip_source: str
+    clips_in_step = False
 
-    def forward_backward(self, batch: Batch) -> torch.Tensor:
-        loss = self.ctx.loss(self.model, batch)
-        loss.backward()
-        return loss
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def forward_backward(self, step: int) -> None:
+        self.ctx.loss(self.model, self.ctx.local_batch(step)).backward()
 
     def clip(self, max_norm: float) -> tuple[float | None, str]:
         if isinstance(self.model, FSDP):
@@ -108,20 +60,8 @@ class _Loop:
     def step(self) -> None:
         self.optimizer.step()
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-
-def _optimizer_params(named: dict[str, nn.Parameter], plan: FreezePlan) -> list[nn.Parameter]:
-    """What a user passes to AdamW: the params they mean to train, picked by name."""
-    chosen: list[nn.Parameter] = []
-    for name, param in named.items():
-        fqns = getattr(param, "_fqns", None)
-        owner = strip_wrapper_infixes(name.rpartition("_flat_param")[0], FSDP1_INFIXES)
-        names = [owner + f for f in fqns] if fqns else [strip_wrapper_infixes(name, FSDP1_INFIXES)]
-        if any(n in plan.optimized for n in names) and param.requires_grad:
-            chosen.append(param)
-    return chosen
+    def norm_after_step(self) -> tuple[float | None, str]:
+        raise AssertionError("torch wrappers clip before step()")
 
 
 def _materialize_dtensors(model: nn.Module, seed: int, device: torch.device) -> None:
@@ -129,55 +69,69 @@ def _materialize_dtensors(model: nn.Module, seed: int, device: torch.device) -> 
     model.to_empty(device=device)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            full = models.deterministic_values(seed, name, param.shape).to(param.dtype)
-            if isinstance(param, DTensor):
-                local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements,
-                                          src_data_rank=None).to_local()
-                param.to_local().copy_(local)
-            else:
-                param.copy_(full)
+            fill_from_full(param, models.deterministic_values(seed, name, param.shape))
 
 
-class Adapter:
+def fill_from_full(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full tensor's values into `param`, or into this rank's shard of it when it is a DTensor."""
+    full = full.to(param.dtype)
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements,
+                                  src_data_rank=None).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full.to(param.device))
+
+
+def _ddp(ctx: RunContext, model: nn.Module, plan: FreezePlan, find_unused: bool) -> _Loop:
+    if ctx.cell.key.init == "meta":
+        model.to_empty(device=ctx.device)
+        models.init_weights(model, ctx.cell.hyper.seed)
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    wrapped = DDP(model, device_ids=device_ids, find_unused_parameters=find_unused)
+    optimizer = ctx.make_optimizer(optimizer_params(wrapped.module, plan.optimized))
+    return _Loop(ctx, wrapped, ParamView(wrapped.module, optimizer), optimizer,
+                 "returned by torch.nn.utils.clip_grad_norm_")
+
+
+def _fsdp1(ctx: RunContext, model: nn.Module, plan: FreezePlan, orig_params: bool) -> _Loop:
+    wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(m) for m in models.block_modules(model)}),
+                   use_orig_params=orig_params, device_id=ctx.device)
+    optimizer = ctx.make_optimizer(optimizer_params(wrapped, plan.optimized))
+    return _Loop(ctx, wrapped, FSDP1View(wrapped, optimizer), optimizer, "returned by FSDP.clip_grad_norm_")
+
+
+def _fsdp2(ctx: RunContext, model: nn.Module, plan: FreezePlan) -> _Loop:
+    for block in models.block_modules(model):
+        fully_shard(block)
+    wrapped = fully_shard(model)
+    if ctx.cell.key.init == "meta":
+        _materialize_dtensors(wrapped, ctx.cell.hyper.seed, ctx.device)
+    optimizer = ctx.make_optimizer(optimizer_params(wrapped, plan.optimized))
+    return _Loop(ctx, wrapped, DTensorView(wrapped, optimizer), optimizer,
+                 "returned by torch.nn.utils.clip_grad_norm_ (DTensor)")
+
+
+#: Plugin id -> how a user wraps the frozen bare model with it.
+WRAP: dict[str, Callable[[RunContext, nn.Module, FreezePlan], _Loop]] = {
+    "ddp": functools.partial(_ddp, find_unused=False),
+    "ddp-find-unused": functools.partial(_ddp, find_unused=True),
+    "fsdp1": functools.partial(_fsdp1, orig_params=False),
+    "fsdp1-orig-params": functools.partial(_fsdp1, orig_params=True),
+    "fsdp2": _fsdp2,
+}
+
+
+class TorchAdapter(AdapterBase):
     def run(self, ctx: RunContext) -> None:
         self.run_plugin(ctx, ctx.cell.key.plugin)
 
     def run_plugin(self, ctx: RunContext, plugin: str) -> None:
-        meta = ctx.cell.key.init == "meta"
         ctx.probe.phase("build model")
-        model = ctx.build_model(device="meta" if meta else ctx.device)
+        model = ctx.build_model(device="meta" if ctx.cell.key.init == "meta" else ctx.device)
         plan = ctx.resolve_plan(model)
-        apply(plan, model)
+        apply_freeze(plan, model)
         ctx.probe.phase(f"wrap ({plugin})")
-        if plugin in ("ddp", "ddp-find-unused"):
-            if meta:
-                model.to_empty(device=ctx.device)
-                models.init_weights(model, ctx.cell.hyper.seed)
-            device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-            wrapped = DDP(model, device_ids=device_ids, find_unused_parameters=plugin == "ddp-find-unused")
-            named = dict(wrapped.module.named_parameters())
-            optimizer = ctx.make_optimizer(_optimizer_params(named, plan))
-            view: ParamView = ParamView(wrapped.module, optimizer)
-            source = "returned by torch.nn.utils.clip_grad_norm_"
-        elif plugin in ("fsdp1", "fsdp1-orig-params"):
-            wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(m) for m in models.block_modules(model)}),
-                           use_orig_params=plugin == "fsdp1-orig-params",
-                           device_id=ctx.device)
-            named = dict(wrapped.named_parameters())
-            optimizer = ctx.make_optimizer(_optimizer_params(named, plan))
-            view = _FSDP1View(wrapped, optimizer)
-            source = "returned by FSDP.clip_grad_norm_"
-        elif plugin == "fsdp2":
-            for block in models.block_modules(model):
-                fully_shard(block)
-            wrapped = fully_shard(model)
-            if meta:
-                _materialize_dtensors(wrapped, ctx.cell.hyper.seed, ctx.device)
-            named = dict(wrapped.named_parameters())
-            optimizer = ctx.make_optimizer(_optimizer_params(named, plan))
-            view = _DTensorView(wrapped, optimizer)
-            source = "returned by torch.nn.utils.clip_grad_norm_ (DTensor)"
-        else:
-            raise ValueError(f"torch adapter has no plugin {plugin!r}")
+        loop = WRAP[plugin](ctx, model, plan)
         dist.barrier()
-        run_explicit_loop(ctx, _Loop(ctx, wrapped, view, optimizer, source))
+        train(ctx, loop)

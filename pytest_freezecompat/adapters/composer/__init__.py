@@ -1,0 +1,16 @@
+"""MosaicML Composer's Trainer (DDP, FSDP1, FSDP2), with the user's optimizer or the Trainer's default."""
+
+from ...core.declaration import AdapterDeclaration
+
+#: A plugin id with this suffix runs the base plugin with `optimizers=None` (the Trainer's default optimizer).
+DEFAULT_OPTIMIZER_SUFFIX = "-default-optimizer"
+BASE_PLUGINS = ("ddp", "fsdp1", "fsdp1-orig-params", "fsdp1-shard-grad-op", "fsdp2")
+
+DECLARATION = AdapterDeclaration(
+    plugins=(*BASE_PLUGINS, *(p + DEFAULT_OPTIMIZER_SUFFIX for p in BASE_PLUGINS)),
+    init=("eager", "meta"),
+    # framework: Composer's own activation checkpointing (an option of its FSDP configs).
+    checkpoint=("none", "reentrant", "non-reentrant", "framework"),
+    implementation="pytest_freezecompat.adapters.composer.adapter:ComposerAdapter",
+    emulation="pytest_freezecompat.adapters.composer.emulation:SHIM",
+)

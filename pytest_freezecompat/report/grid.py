@@ -1,0 +1,103 @@
+"""The grid that `matrix.md` and `matrix.html` both draw, built once so the two cannot place a cell differently.
+
+Per framework: blocks (model, init mode), rows (freeze patterns), columns (plugins), and in each table
+cell one slot per checkpoint mode. Cells are found by their key fields, never by re-formatting an id.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.records import STATUSES, display_status
+
+Cell = dict[str, Any]
+#: Summary columns: raw statuses, then the registry's verdicts on some of them.
+DISPLAY_STATUSES = (*STATUSES, "known", "fixed?")
+_KEY_FIELDS = ("framework", "model", "init", "freeze", "plugin", "checkpoint")
+
+
+@dataclass(frozen=True)
+class Column:
+    plugin: str
+    slots: tuple[Cell | None, ...]  # one per `Section.checkpoints`; None: not in the matrix
+
+
+@dataclass(frozen=True)
+class Row:
+    freeze: str
+    columns: tuple[Column, ...]  # one per `Section.plugins`
+
+
+@dataclass(frozen=True)
+class Block:
+    model: str
+    init: str
+    rows: tuple[Row, ...]
+
+
+@dataclass(frozen=True)
+class GradAccess:
+    """Where a user reads a full grad and the clip norm under one plugin (CASES C5)."""
+
+    plugin: str
+    grad: str
+    norm: str
+
+
+@dataclass(frozen=True)
+class Section:
+    framework: str
+    plugins: tuple[str, ...]
+    checkpoints: tuple[str, ...]
+    blocks: tuple[Block, ...]
+    counts: Counter[str]  # raw statuses, plus `known` / `fixed?` for the cells the registry explains or flags
+    cells: int
+    grad_access: tuple[GradAccess, ...]
+
+
+def distinct(cells: Iterable[Cell], field: str) -> tuple[str, ...]:
+    """A field's values in first-seen order: the report is sorted by id, so the tables follow it."""
+    return tuple(dict.fromkeys(cell[field] for cell in cells))
+
+
+def _key(cell: Cell) -> tuple[str, ...]:
+    return tuple(cell[field] for field in _KEY_FIELDS)
+
+
+def _counts(cells: list[Cell]) -> Counter[str]:
+    counts = Counter(cell["status"] for cell in cells)
+    counts.update(shown for cell in cells if (shown := display_status(cell)) != cell["status"])
+    return counts
+
+
+def _grad_access(cells: list[Cell]) -> tuple[GradAccess, ...]:
+    """The first cell per plugin that recorded it: the access path is the plugin's, not the cell's."""
+    first: dict[str, GradAccess] = {}
+    for cell in cells:
+        if cell.get("grad_access") and cell["plugin"] not in first:
+            first[cell["plugin"]] = GradAccess(cell["plugin"], cell["grad_access"],
+                                               cell.get("grad_norm_source") or "not exposed")
+    return tuple(first.values())
+
+
+def _section(framework: str, cells: list[Cell]) -> Section:
+    index = {_key(cell): cell for cell in cells}
+    plugins, checkpoints = distinct(cells, "plugin"), distinct(cells, "checkpoint")
+    blocks = []
+    for model in distinct(cells, "model"):
+        for init in distinct((c for c in cells if c["model"] == model), "init"):
+            freezes = distinct((c for c in cells if c["model"] == model and c["init"] == init), "freeze")
+            rows = tuple(Row(freeze, tuple(
+                Column(plugin, tuple(index.get((framework, model, init, freeze, plugin, ck)) for ck in checkpoints))
+                for plugin in plugins)) for freeze in freezes)
+            blocks.append(Block(model, init, rows))
+    return Section(framework, plugins, checkpoints, tuple(blocks), _counts(cells), len(cells), _grad_access(cells))
+
+
+def sections(cells: list[Cell]) -> list[Section]:
+    """One section per framework, in report order."""
+    return [_section(framework, [c for c in cells if c["framework"] == framework])
+            for framework in distinct(cells, "framework")]
