@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import known_issues
 from .report import diff, schema, write
 from .report.merge import merge
+from .spec import known_issues
 
 #: Exit codes: 0 fine, 1 `diff` found a regression, 2 a file or argument we cannot use.
 REGRESSION_EXIT = 1

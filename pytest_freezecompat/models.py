@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -1,6 +1,8 @@
 """pytest hooks only: options, one item per matrix cell, report data per cell, summary.
 
-The work lives in `runner.py` (plan, pool, judge, report); this module wires it to pytest.
+The work lives in `controller.runner` (plan, pool, judge, report), imported only when a matrix
+run starts (as pytest-xdist loads its controller): with the plugin installed, a plain `pytest`
+run imports neither torch nor the controller.
 """
 
 from __future__ import annotations
@@ -9,17 +11,15 @@ import os
 import shlex
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .cell import Cell
-from .known_issues import KnownIssueError
-from .plan import SelectionError
-from .pool import POLL_S
-from .report.schema import STATUSES
-from .runner import MatrixRun, Options, repro_command
-from .spec import SpecError, load
+from .core.cell import Cell
+from .core.records import STATUSES
+
+if TYPE_CHECKING:
+    from .controller.runner import MatrixRun, Options
 
 CELL_PROPERTY = "freeze_matrix_cell"
 #: A warm cell takes well under a second; framework imports on the first cell of a pool take up to a minute.
@@ -54,6 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _options(config: pytest.Config) -> Options:
+    from .controller.pool import POLL_S
+    from .controller.runner import Options
+
     world_size = config.getoption("freeze_matrix_world_size")
     if world_size < 1:
         raise pytest.UsageError("--freeze-matrix-world-size must be at least 1")
@@ -70,6 +73,11 @@ def _options(config: pytest.Config) -> Options:
 
 
 def _start_run(config: pytest.Config) -> MatrixRun:
+    from .controller.runner import MatrixRun
+    from .spec.known_issues import KnownIssueError
+    from .spec.matrix import SpecError, load
+    from .spec.plan import SelectionError
+
     options = _options(config)
     try:
         spec = load(options.spec_path)
@@ -99,6 +107,8 @@ class MatrixItem(pytest.Item):
     @property
     def repro(self) -> str:
         if self.cell.user_model is None:
+            from .controller.runner import repro_command
+
             return repro_command(self.cell, self.run.options)
         return shlex.join(["pytest", self.nodeid])
 
@@ -150,6 +160,7 @@ class FreezeCaseCollector(pytest.Collector):
         self.run = run
 
     def collect(self) -> list[pytest.Item]:
+        from .spec.plan import SelectionError
         from .user import CaseError, build_case
 
         if not self.run.runs_user_models(self.declaration.frameworks):

@@ -15,7 +15,6 @@ live at module level: rank processes import them by name.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,15 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import models
-from .cell import UserModel
-from .checks import Tolerance
-from .freeze import FreezePattern, PatternError, resolve
-from .plan import UserCase
+from .core.cell import UserModel
+from .core.freeze import FreezePattern, PatternError, resolve
+from .core.names import VALUE_RE, import_ref, ref_of
+from .spec.plan import UserCase
+from .verdict.checks import Tolerance
 
 CASE_ATTRIBUTE = "__freeze_case__"
 PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused")
-VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 PatternSpec = Mapping[str, Sequence[str]] | Callable[[str], bool]
 
@@ -79,8 +77,8 @@ def freeze_case(*, batch: Callable[[int, int], dict[str, torch.Tensor]],
 
 def _ref(obj: Any, what: str) -> str:
     try:
-        ref = models.ref_of(obj)
-        if models.import_ref(ref) is not obj:
+        ref = ref_of(obj)
+        if import_ref(ref) is not obj:
             raise ValueError(f"{ref} names another object")
     except (ValueError, ImportError, AttributeError) as exc:
         raise CaseError(f"{what} cannot be imported by rank processes: {exc}") from None

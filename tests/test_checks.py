@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
-from pytest_freezecompat import checks
-from pytest_freezecompat.pool import CellRun, RankState
+from pytest_freezecompat.core.cell import Cell, CellKey
+from pytest_freezecompat.core.freeze import FreezePattern
+from pytest_freezecompat.core.records import CellRun, Outcome, PlanFacts, RankError, RankRecord, RankState, StepFacts
+from pytest_freezecompat.verdict import checks
 
 NAMES = ["emb", "w", "b"]
 
@@ -18,17 +20,16 @@ def base_record(rank=0):
     initial = {"emb": arr(1, 1), "w": arr(1, 2), "b": arr(0.5)}
     grads = {"emb": None, "w": arr(0.1, -0.2), "b": arr(0.3)}
     params = {"emb": arr(1, 1), "w": arr(0.99, 2.01), "b": arr(0.49)}
-    step = {"grads": grads, "norm": 0.374, "norm_source": "returned", "params": params}
-    return {
-        "rank": rank, "notes": [], "requires_grad": {"emb": False, "w": True, "b": True}, "tracked": ["w", "b"],
-        "plan": {"names": NAMES, "trainable": ["w", "b"], "optimized": ["w", "b"], "unused": []},
-        "initial": initial, "steps": [dict(step)],
-        "reference": {"steps": [{"grads": dict(grads), "norm": 0.374, "params": dict(params)}]},
-    }
+    return RankRecord(
+        rank=rank, requires_grad={"emb": False, "w": True, "b": True}, tracked=("w", "b"),
+        plan=PlanFacts(tuple(NAMES), ("w", "b"), ("w", "b"), ()), initial=initial,
+        steps=[StepFacts(dict(grads), 0.374, "returned", dict(params))],
+        reference=[StepFacts(dict(grads), 0.374, None, dict(params))],
+    )
 
 
-def judge(record, pattern="embedding"):
-    return checks.judge_records([record], "fp32", pattern)
+def judge(record, may_refuse=False):
+    return checks.judge_records([record], "fp32", may_refuse)
 
 
 def test_identical_to_reference_passes():
@@ -37,7 +38,7 @@ def test_identical_to_reference_passes():
 
 def test_wrapping_that_flips_requires_grad_fails_that_check():
     record = base_record()
-    record["requires_grad"]["emb"] = True
+    record.requires_grad["emb"] = True
     verdict = judge(record)
     assert (verdict.status, verdict.check) == ("fail", "requires_grad")
     assert "emb (False->True)" in verdict.message
@@ -45,7 +46,7 @@ def test_wrapping_that_flips_requires_grad_fails_that_check():
 
 def test_optimizer_tracking_more_than_intended_fails():
     record = base_record()
-    record["tracked"].append("emb")
+    record.tracked += ("emb",)
     verdict = judge(record)
     assert (verdict.status, verdict.check) == ("fail", "optimizer")
     assert "tracks 1 unintended: emb" in verdict.message
@@ -53,13 +54,13 @@ def test_optimizer_tracking_more_than_intended_fails():
 
 def test_tracked_names_are_the_union_over_ranks():
     lead, other = base_record(0), base_record(1)
-    lead["tracked"], other["tracked"] = ["w"], ["b"]
-    assert checks.judge_records([lead, other], "fp32", "embedding").status == "pass"
+    lead.tracked, other.tracked = ("w",), ("b",)
+    assert checks.judge_records([lead, other], "fp32").status == "pass"
 
 
 def test_missing_grad_on_a_trainable_param_is_a_silent_failure_caught():
     record = base_record()
-    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "w": None}
+    record.steps[0].grads = {**record.steps[0].grads, "w": None}
     verdict = judge(record)
     assert (verdict.status, verdict.check) == ("fail", "grads")
     assert "no grad on trainable: w" in verdict.message
@@ -67,13 +68,13 @@ def test_missing_grad_on_a_trainable_param_is_a_silent_failure_caught():
 
 def test_grad_that_differs_from_reference_fails():
     record = base_record()
-    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "w": arr(0.2, -0.2)}
+    record.steps[0].grads = {**record.steps[0].grads, "w": arr(0.2, -0.2)}
     assert judge(record).check == "grads"
 
 
 def test_zero_filled_grad_on_frozen_param_is_only_noted():
     record = base_record()
-    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "emb": arr(0, 0)}
+    record.steps[0].grads = {**record.steps[0].grads, "emb": arr(0, 0)}
     verdict = judge(record)
     assert verdict.status == "pass"
     assert any("zero-filled grad" in n and "emb" in n for n in verdict.notes)
@@ -81,9 +82,9 @@ def test_zero_filled_grad_on_frozen_param_is_only_noted():
 
 def test_grad_norm_mismatch_fails_and_missing_norm_is_noted():
     record = base_record()
-    record["steps"][0]["norm"] = 0.5
+    record.steps[0].norm = 0.5
     assert judge(record).check == "grad_norm"
-    record["steps"][0]["norm"], record["steps"][0]["norm_source"] = None, "plugin exposes no norm"
+    record.steps[0].norm, record.steps[0].norm_source = None, "plugin exposes no norm"
     verdict = judge(record)
     assert verdict.status == "pass" and any("not verified: plugin exposes no norm" in n for n in verdict.notes)
 
@@ -91,7 +92,7 @@ def test_grad_norm_mismatch_fails_and_missing_norm_is_noted():
 def test_frozen_param_that_moves_by_one_ulp_fails():
     record = base_record()
     moved = np.nextafter(arr(1, 1), np.float32(2))
-    record["steps"][0]["params"] = {**record["steps"][0]["params"], "emb": moved}
+    record.steps[0].params = {**record.steps[0].params, "emb": moved}
     verdict = judge(record)
     assert (verdict.status, verdict.check) == ("fail", "update")
     assert "must stay fixed changed: emb" in verdict.message
@@ -99,66 +100,72 @@ def test_frozen_param_that_moves_by_one_ulp_fails():
 
 def test_update_beyond_tolerance_fails_within_tolerance_passes():
     record = base_record()
-    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": arr(0.99 + 5e-4, 2.01)}
+    record.steps[0].params = {**record.steps[0].params, "w": arr(0.99 + 5e-4, 2.01)}
     assert judge(record).status == "pass"
-    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": arr(0.98, 2.01)}
+    record.steps[0].params = {**record.steps[0].params, "w": arr(0.98, 2.01)}
     assert judge(record).check == "update"
 
 
-def error_record(rank, phase, at, message="boom"):
-    return {"rank": rank, "notes": [], "steps": [], "error": {
-        "type": "RuntimeError", "message": message, "rank": str(rank), "where": "x.py:1 in f", "phase": phase,
-        "traceback": "...", "at": at}}
+def error_record(rank, phase, at, message="boom", step=None):
+    return RankRecord(rank=rank, error=RankError("RuntimeError", message, message, rank, "x.py:1 in f", phase, "...",
+                                                 at, step))
 
 
 def test_an_error_is_reported_from_the_rank_that_raised_first():
-    verdict = checks.judge_records([error_record(0, "step 0: forward/backward", 2.0, "echo"),
-                                    error_record(1, "step 0: forward/backward", 1.0, "cause")], "fp32", "none")
+    verdict = checks.judge_records([error_record(0, "step 0: forward/backward", 2.0, "echo", 0),
+                                    error_record(1, "step 0: forward/backward", 1.0, "cause", 0)], "fp32")
     assert verdict.status == "error" and "cause (rank 1" in verdict.message
 
 
-@pytest.mark.parametrize(("phase", "status"), [("wrap (ddp)", "pass"), ("step 0: forward/backward", "error")])
-def test_all_frozen_passes_only_when_refused_before_the_first_step(phase, status):
-    verdict = checks.judge_records([error_record(0, phase, 1.0)], "fp32", "all")
+@pytest.mark.parametrize(("phase", "step", "status"), [("wrap (ddp)", None, "pass"),
+                                                       ("step 0: forward/backward", 0, "error")])
+def test_a_pattern_that_may_be_refused_passes_only_when_refused_before_the_first_step(phase, step, status):
+    verdict = checks.judge_records([error_record(0, phase, 1.0, step=step)], "fp32", may_refuse=True)
     assert verdict.status == status
+    assert checks.judge_records([error_record(0, phase, 1.0, step=step)], "fp32").status == "error"
+
+
+def cell(freeze="none"):
+    key = CellKey("tiny-gpt", "torch", "ddp", "eager", "none", freeze)
+    return Cell(key=key, environment="torch", adapter="x:Y", world_size=2, device="cpu",
+                pattern=FreezePattern(freeze), groups={})
 
 
 def test_timeout_and_crash_verdicts_name_every_rank():
     ranks = [RankState(0, phase="step 1: clip"), RankState(1, phase="wrap", exit="killed by signal SIGSEGV")]
-    crash = checks.judge(CellRun("crash", ranks, 1.0), "fp32", "none", 30)
+    crash = checks.judge(CellRun(Outcome.CRASH, ranks), cell(), 30)
     assert crash.status == "crash" and "rank 1 killed by signal SIGSEGV during wrap" in crash.message
-    hang = checks.judge(CellRun("timeout", ranks, 30.0), "fp32", "none", 30)
+    hang = checks.judge(CellRun(Outcome.TIMEOUT, ranks), cell(), 30)
     assert hang.status == "timeout" and "rank 0: step 1: clip; rank 1: wrap" in hang.message
 
 
 def test_all_zero_grad_where_the_reference_has_one_is_named_as_such():
     record = base_record()
-    record["steps"][0]["grads"] = {**record["steps"][0]["grads"], "w": arr(0, 0)}
+    record.steps[0].grads = {**record.steps[0].grads, "w": arr(0, 0)}
     verdict = judge(record)
     assert verdict.check == "grads" and "all-zero grad where the reference has one: w" in verdict.message
 
 
 def test_the_same_error_on_every_rank_names_the_lowest_rank():
     verdict = checks.judge_records([error_record(1, "wrap", 1.0, "same"), error_record(0, "wrap", 1.1, "same")],
-                                   "fp32", "none")
+                                   "fp32")
     assert "same (rank 0" in verdict.message
 
 
 def test_an_element_whose_reference_grad_is_noise_may_flip_but_a_real_one_may_not():
     record = base_record()
-    record["reference"]["steps"][0]["grads"]["w"] = arr(1e-9, -0.2)  # w[0]: grad under the tolerance
-    record["steps"][0]["grads"]["w"] = arr(1e-9, -0.2)
+    record.reference[0].grads["w"] = arr(1e-9, -0.2)  # w[0]: grad under the tolerance
+    record.steps[0].grads["w"] = arr(1e-9, -0.2)
     flipped = arr(0.99 + 0.015, 2.01)  # 1.5 lr the other way, on the noise element
-    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": flipped}
+    record.steps[0].params = {**record.steps[0].params, "w": flipped}
     assert judge(record).status == "pass"
-    record["steps"][0]["params"] = {**record["steps"][0]["params"], "w": arr(0.99, 2.01 + 0.015)}  # real grad
+    record.steps[0].params = {**record.steps[0].params, "w": arr(0.99, 2.01 + 0.015)}  # real grad
     assert judge(record).check == "update"
 
 
 def test_the_earliest_step_names_the_failed_check():
     record = base_record()
-    record["steps"][0]["norm"] = 0.5  # step 0: grad norm
-    record["steps"].append({**record["steps"][0], "norm": 0.374, "grads": {**record["steps"][0]["grads"],
-                                                                          "w": None}})
-    record["reference"]["steps"].append(record["reference"]["steps"][0])
+    record.steps[0].norm = 0.5  # step 0: grad norm
+    record.steps.append(StepFacts({**record.steps[0].grads, "w": None}, 0.374, "returned", record.steps[0].params))
+    record.reference.append(record.reference[0])
     assert judge(record).check == "grad_norm"

@@ -1,6 +1,9 @@
 import pytest
 
-from pytest_freezecompat import freeze, models, spec
+from pytest_freezecompat import models
+from pytest_freezecompat.adapters.base import apply_freeze
+from pytest_freezecompat.core import freeze
+from pytest_freezecompat.spec import matrix as spec
 
 PATTERNS = spec.load().patterns
 GROUPS = spec.load().models["tiny-gpt"]
@@ -50,7 +53,7 @@ def test_all_freezes_everything():
 def test_apply_sets_requires_grad_on_the_bare_model():
     model = models.build("tiny-gpt", seed=0)
     plan = freeze.resolve(PATTERNS["decoder"], GROUPS, [n for n, _ in model.named_parameters()])
-    freeze.apply(plan, model)
+    apply_freeze(plan, model)
     assert {n for n, p in model.named_parameters() if not p.requires_grad} == plan.frozen
 
 

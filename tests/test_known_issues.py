@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from pytest_freezecompat import cell as cell_module
-from pytest_freezecompat import checks, known_issues
+from pytest_freezecompat.core.records import display_status
 from pytest_freezecompat.report import markdown, write
+from pytest_freezecompat.spec import known_issues
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"python": "3.11.7", "torch": "2.13.0+cpu", "frameworks": {"torch": "2.13.0+cpu", "composer": "0.32.1"},
@@ -171,7 +171,7 @@ def test_annotate_and_the_markdown_marks(tmp_path):
     report = write.build({"torch": ENV}, [cell(message=UNIFORM), cell(freeze="lora", status="pass"),
                                           cell(freeze="none", status="fail", message="other")])
     known_issues.annotate(report, registry(tmp_path))
-    shown = {c["freeze"]: known_issues.display_status(c) for c in report["cells"]}
+    shown = {c["freeze"]: display_status(c) for c in report["cells"]}
     assert shown == {"embedding": "known", "lora": "fixed?", "none": "fail"}
     md = markdown.render(report)
     assert "💥ᴷ" in md and "✅ᶠ" in md and "| torch | 1 | 1 | 1 | 0 | 0 | 0 | 1 | 1 | 3 |" in md
@@ -188,7 +188,3 @@ def test_the_shipped_registry_loads_and_covers_every_rule_that_names_an_entry():
                 named.add(rule["known_issue"])
     reg.require(named)
     assert known_issues.default_path().is_file()  # beside the default matrix, packaged or in the checkout
-
-
-def test_the_torch_free_copies_match_the_engine():
-    assert known_issues.KEY_AXES == cell_module.KEY_AXES and known_issues.CHECKS == checks.CHECKS

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_freezecompat import spec
-from pytest_freezecompat.plan import Selection, SelectionError, plan, why_not_importable
+from pytest_freezecompat.spec import matrix as spec
+from pytest_freezecompat.spec.plan import Selection, SelectionError, plan, why_not_importable
 
 MATRIX = """
 schema = 1
@@ -13,7 +13,7 @@ embedding = ["tok_emb.*"]
 [freeze.embedding]
 frozen = ["embedding"]
 [frameworks.alpha]
-adapter = "a:Adapter"
+adapter = "toy_adapters:ALPHA"
 import = "json"
 models = ["m"]
 plugins = ["p1", "p2", "gem"]
@@ -34,7 +34,7 @@ device = "cpu"
 emulation = true
 precision = "bf16"
 [frameworks.beta]
-adapter = "b:Adapter"
+adapter = "toy_adapters:BETA"
 import = "surely_not_installed_module"
 models = ["m"]
 plugins = ["q"]

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_freezecompat import spec
+from pytest_freezecompat.spec import matrix as spec
 
 
 def write(tmp_path: Path, text: str, name: str = "matrix.toml") -> Path:
@@ -19,7 +19,7 @@ embedding = ["tok_emb.*"]
 [freeze.embedding]
 frozen = ["embedding"]
 [frameworks.torch]
-adapter = "pytest_freezecompat.adapters.torch_native:Adapter"
+adapter = "pytest_freezecompat.adapters.torch_native"
 models = ["m"]
 plugins = ["ddp"]
 init = ["eager"]
@@ -95,7 +95,7 @@ def test_framework_files_beside_the_matrix_may_define_their_own_model(tmp_path):
     (tmp_path / "frameworks").mkdir()
     write(tmp_path / "frameworks", """
 framework = "mega"
-adapter = "x:Adapter"
+adapter = "toy_adapters:MEGA"
 plugins = ["p"]
 init = ["eager"]
 checkpoint = ["none"]

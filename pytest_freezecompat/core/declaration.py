@@ -35,8 +35,9 @@ class DeclarationError(ValueError):
 
 
 def load_declaration(package: str) -> AdapterDeclaration:
+    """`package` names the adapter package (its `DECLARATION`), or `module:NAME` for another name."""
     try:
-        declaration = import_ref(f"{package}:DECLARATION")
+        declaration = import_ref(package if ":" in package else f"{package}:DECLARATION")
     except ImportError as exc:
         raise DeclarationError(f"adapter {package!r} cannot be imported ({exc})") from None
     except AttributeError:

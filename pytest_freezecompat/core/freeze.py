@@ -1,4 +1,6 @@
-"""Freeze patterns as data (pure: no torch; `adapters.base.apply_freeze` sets the flags): which parameters train, which the optimizer gets.
+"""Freeze patterns as data: which parameters train, which the optimizer gets.
+
+Pure (no torch): `adapters.base.apply_freeze` sets the flags on a model.
 
 A pattern names *groups* (`embedding`, `decoder`, `last_block`, ...); each model
 maps groups to parameter-name globs in the matrix file. Resolving a pattern

@@ -81,7 +81,7 @@ def default_spec_path() -> Path:
     packaged = resources.files("pytest_freezecompat") / "_matrix" / "matrix.toml"
     if packaged.is_file():
         return Path(str(packaged))
-    return Path(__file__).resolve().parent.parent / "matrix" / "matrix.toml"
+    return Path(__file__).resolve().parents[2] / "matrix" / "matrix.toml"
 
 
 class _Source:
@@ -252,7 +252,8 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
         raise src.error(f"framework {name}: rules are written [[rule]]", "rule")
     framework = Framework(
         name=name, adapter=adapter, declaration=declaration, import_name=str(body.get("import", name)), axes=axes,
-        environment=environment.name, rules=tuple(_load_rule(src, name, i, r, axes, declaration) for i, r in enumerate(rules)),
+        environment=environment.name,
+        rules=tuple(_load_rule(src, name, i, r, axes, declaration) for i, r in enumerate(rules)),
         where=src.where("framework"), user_models=bool(body.get("user_models", False)),
     )
     return framework, environment

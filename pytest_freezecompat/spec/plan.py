@@ -86,7 +86,8 @@ def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]]
         if missing:
             skip = f"{fw.name} is not importable in this environment ({missing}); its environment is {fw.environment!r}"
         emulation = bool(effects.get("emulation", False))
-        yield Cell(key=key, environment=fw.environment, adapter=fw.declaration.implementation, world_size=world_size, device=device,
+        yield Cell(key=key, environment=fw.environment, adapter=fw.declaration.implementation,
+                   world_size=world_size, device=device,
                    pattern=patterns[freeze], groups=user.groups if user else spec.models[model],
                    precision=str(effects.get("precision", "fp32")), emulation=emulation,
                    shim=fw.declaration.emulation if emulation else None,

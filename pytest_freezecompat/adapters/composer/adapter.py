@@ -6,15 +6,17 @@ mark the blocks for FSDP (`fsdp_wrap_fn`) and activation checkpointing
 pass an AdamW over the params they mean to train (or `optimizers=None` for the
 Trainer's default), clip with the `GradientClipping` algorithm, and call `fit()`.
 The probe runs in Composer callbacks because `fit()` drives the steps and clears
-the grads when it ends. The question this row exists for (CASES C7) is what
-`trainer.state.optimizers` holds after the Trainer has wrapped the model.
+the grads when it ends; they make the same probe calls as `loop.train` (`loop.StepProbes`).
+The question this row exists for is what `trainer.state.optimizers` holds after the
+Trainer has wrapped the model: until 0.24, Composer's FSDP path re-created the optimizer
+over every parameter, frozen ones included.
 """
 
 from __future__ import annotations
 
 import atexit
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,18 +28,19 @@ from composer.loggers import Logger
 from composer.utils.parallelism import FSDP2Config, FSDPConfig
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
-from .. import models
-from ..freeze import apply
-from .base import Batch, RunContext, strip_wrapper_infixes
-from .composer_emulation import cuda_on_cpu
-from .views import flat_param_grads
+from ... import models
+from ..base import AdapterBase, Batch, RunContext, apply_freeze
+from ..loop import StepProbes
+from ..torch_native.adapter import fill_from_full
+from ..views import DTensorView, FSDP1View, ParamView
+from . import DEFAULT_OPTIMIZER_SUFFIX
 
 #: Module names that Composer's wrappers (FSDP1, checkpoint_wrapper) insert into parameter names.
 INFIXES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
-#: A plugin id with this suffix runs the base plugin with `optimizers=None` (the Trainer's default optimizer).
-DEFAULT_OPTIMIZER_SUFFIX = "-default-optimizer"
+#: Where every view reads: grads exist only inside fit(), which clears them when it ends.
+READ_IN_CALLBACK = ", read in Callback.after_backward (fit() clears grads when it ends)"
 #: The checkpoint axis value for Composer's own activation checkpointing (an FSDP config option).
 FRAMEWORK_CHECKPOINT = "framework"
 TAP_NOTE = "(Composer discards the value; a pass-through wrapper kept it)"
@@ -58,15 +61,6 @@ def _parallelism(plugin: str, framework_ac: bool) -> dict[str, Any] | None:
                                activation_checkpointing=framework_ac)}
 
 
-def original_names(name: str, param: nn.Parameter) -> list[str]:
-    """The bare model's names one wrapped parameter stands for (an FSDP1 flat param stands for many)."""
-    fqns = getattr(param, "_fqns", None)
-    if fqns is None:
-        return [strip_wrapper_infixes(name, INFIXES)]
-    owner = name.rpartition("_flat_param")[0]
-    return [strip_wrapper_infixes(owner + fqn, INFIXES) for fqn in fqns]
-
-
 class _Shell(ComposerModel):
     """The bare model as a ComposerModel; Composer wraps its child `model`, never the shell.
 
@@ -84,84 +78,6 @@ class _Shell(ComposerModel):
 
     def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         return outputs
-
-
-class _View:
-    """Reads `shell.model` (whatever Composer made of it) by the bare model's names."""
-
-    grad_access = "param.grad, read in Callback.after_backward (fit() clears grads when it ends)"
-
-    def __init__(self, shell: _Shell, state: State) -> None:
-        self.shell = shell
-        self.state = state
-
-    @property
-    def module(self) -> nn.Module:
-        return self.shell.model
-
-    def named_parameters(self) -> dict[str, nn.Parameter]:
-        return {strip_wrapper_infixes(n, INFIXES): p for n, p in self.module.named_parameters()}
-
-    def requires_grad_flags(self) -> dict[str, bool]:
-        return {n: p.requires_grad for n, p in self.named_parameters().items()}
-
-    def tracked_names(self) -> set[str]:
-        owners = {id(p): (n, p) for n, p in self.module.named_parameters()}
-        tracked: set[str] = set()
-        for optimizer in self.state.optimizers:
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if id(param) in owners:
-                        tracked.update(original_names(*owners[id(param)]))
-                    else:  # the optimizer holds a tensor the wrapped model does not: name it so the check shows it
-                        tracked.add(f"<not a model param: {tuple(param.shape)}>")
-        return tracked
-
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.named_parameters().items()}
-
-    def full_grads(self) -> dict[str, torch.Tensor | None]:
-        return {n: None if p.grad is None else p.grad.detach().clone() for n, p in self.named_parameters().items()}
-
-
-class _DTensorView(_View):
-    grad_access = "param.grad.full_tensor() (FSDP2 DTensor), read in Callback.after_backward"
-
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().full_tensor() for n, p in self.named_parameters().items()}
-
-    def full_grads(self) -> dict[str, torch.Tensor | None]:
-        # collective: the same order on every rank
-        return {n: None if p.grad is None else p.grad.full_tensor() for n, p in self.named_parameters().items()}
-
-
-class _FSDP1View(_View):
-    grad_access = "FSDP.summon_full_params(shell.model, with_grads=True), read in Callback.after_backward"
-
-    def __init__(self, shell: _Shell, state: State) -> None:
-        super().__init__(shell, state)
-        if not self.fsdp._use_orig_params:
-            self.grad_access = ("flat_param.grad shards, all-gathered and split by flat_param._fqns, "
-                                "read in Callback.after_backward")
-
-    @property
-    def fsdp(self) -> FSDP:
-        return self.module  # type: ignore[return-value]  # Composer wraps each child of the shell
-
-    def requires_grad_flags(self) -> dict[str, bool]:
-        with FSDP.summon_full_params(self.fsdp, writeback=False):
-            return super().requires_grad_flags()
-
-    def full_params(self) -> dict[str, torch.Tensor]:
-        with FSDP.summon_full_params(self.fsdp, writeback=False):
-            return super().full_params()
-
-    def full_grads(self) -> dict[str, torch.Tensor | None]:
-        if self.fsdp._use_orig_params:
-            with FSDP.summon_full_params(self.fsdp, writeback=False, with_grads=True):
-                return super().full_grads()
-        # summon_full_params(with_grads=True) refuses flat params: gather the shards ourselves.
-        return flat_param_grads(self.module, INFIXES)
 
 
 class _NormTap:
@@ -211,29 +127,27 @@ class _NormTap:
 
 
 class _Probes(Callback):
-    """The probe's fixed points, at the Trainer's events (one microbatch per batch)."""
+    """The probe's fixed points at the Trainer's events (one microbatch per batch)."""
 
-    def __init__(self, ctx: RunContext, view: _View, tap: _NormTap) -> None:
-        self.ctx = ctx
-        self.view = view
+    def __init__(self, probes: StepProbes, tap: _NormTap) -> None:
+        self.probes = probes
         self.tap = tap
         self.step = 0
 
     def before_forward(self, state: State, logger: Logger) -> None:
-        self.ctx.probe.phase(f"step {self.step}: forward/backward")
+        self.probes.forward(self.step)
 
     def after_backward(self, state: State, logger: Logger) -> None:
-        self.ctx.probe.after_backward(self.step, self.view)
-        self.ctx.probe.phase(f"step {self.step}: clip")
+        self.probes.backward_done(self.step)
+        self.probes.clipping(self.step)
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
         # Algorithms run before callbacks on an event: GradientClipping has clipped by now.
-        norm, source = self.tap.take()
-        self.ctx.probe.clipped(self.step, norm, source)
-        self.ctx.probe.phase(f"step {self.step}: optimizer step")
+        self.probes.clipped(self.step, *self.tap.take())
+        self.probes.optimizer_step(self.step)
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        self.ctx.probe.after_step(self.step, self.view)
+        self.probes.stepped(self.step)
         self.step += 1
 
 
@@ -248,20 +162,9 @@ def _param_init_fn(model: nn.Module, seed: int) -> Callable[[nn.Module], None]:
     @torch.no_grad()
     def init(module: nn.Module) -> None:
         for name, param in module.named_parameters(recurse=False):
-            full = models.deterministic_values(seed, prefixes[module] + name, param.shape).to(param.dtype)
-            if isinstance(param, DTensor):
-                local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements,
-                                          src_data_rank=None).to_local()
-                param.to_local().copy_(local)
-            else:
-                param.copy_(full.to(param.device))
+            fill_from_full(param, models.deterministic_values(seed, prefixes[module] + name, param.shape))
 
     return init
-
-
-def _build(ctx: RunContext, device: str | torch.device) -> nn.Module:
-    """The bare model; with Composer's own checkpointing (`framework`) the model's forward does none."""
-    return ctx.build_model(device=device)
 
 
 def _trainer(ctx: RunContext, shell: _Shell, optimizer: torch.optim.Optimizer | None,
@@ -278,15 +181,15 @@ def _trainer(ctx: RunContext, shell: _Shell, optimizer: torch.optim.Optimizer | 
     )
 
 
-def _view(base: str, shell: _Shell, state: State) -> _View:
-    if base == "ddp":
-        return _View(shell, state)
-    if base == "fsdp2":
-        return _DTensorView(shell, state)
-    return _FSDP1View(shell, state)
+def _view(base: str, shell: _Shell, state: State) -> ParamView:
+    """Reads `shell.model` (whatever Composer made of it) by the bare model's names."""
+    view_class = {"ddp": ParamView, "fsdp2": DTensorView}.get(base, FSDP1View)
+    view = view_class(shell.model, state.optimizers, INFIXES)
+    view.grad_access += READ_IN_CALLBACK
+    return view
 
 
-class Adapter:
+class ComposerAdapter(AdapterBase):
     def run(self, ctx: RunContext) -> None:
         plugin = ctx.cell.key.plugin
         default_optimizer = plugin.endswith(DEFAULT_OPTIMIZER_SUFFIX)
@@ -294,9 +197,10 @@ class Adapter:
         meta = ctx.cell.key.init == "meta"
         parallelism = _parallelism(base, framework_ac=ctx.cell.key.checkpoint == FRAMEWORK_CHECKPOINT)
         ctx.probe.phase("build model")
-        model = _build(ctx, "meta" if meta else ctx.device)
+        # With Composer's own checkpointing (`framework`), the bare model's forward does none.
+        model = ctx.build_model(device="meta" if meta else ctx.device)
         plan = ctx.resolve_plan(model)
-        apply(plan, model)
+        apply_freeze(plan, model)
         # Composer reads these hooks off the shell's child: wrap and checkpoint every block, as users do.
         blocks = set(models.block_modules(model))
         model.fsdp_wrap_fn = model.activation_checkpointing_fn = lambda module: module in blocks
@@ -310,13 +214,13 @@ class Adapter:
         trainer = None
         try:
             ctx.probe.phase(f"Trainer init ({base})")
-            with cuda_on_cpu(ctx.probe.emulated) if ctx.cell.emulation else nullcontext():
+            with ctx.emulation():
                 trainer = _trainer(ctx, shell, optimizer, parallelism)
-            view = _view(base, shell, trainer.state)
+            probes = StepProbes(ctx.probe, _view(base, shell, trainer.state))
             if default_optimizer and ctx.rank == 0:
                 ctx.probe.note(f"optimizers=None: the Trainer built {type(trainer.state.optimizers[0]).__name__}")
-            ctx.probe.wrapped(view)
-            trainer.state.callbacks.append(_Probes(ctx, view, tap))
+            probes.wrapped()
+            trainer.state.callbacks.append(_Probes(probes, tap))
             with tap.installed():
                 trainer.fit()
             trainer.close()

@@ -36,13 +36,12 @@ from megatron.core.transformer.module import param_is_not_shared
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from .. import models
-from ..cell import Cell
-from ..freeze import FreezePlan
-from .base import Batch, RunContext
-from .megatron_emulation import cuda_on_cpu
+from ... import models
+from ...core.cell import Cell
+from ...core.freeze import FreezePlan
+from ..base import AdapterBase, Batch, LossOf, RunContext, apply_freeze
+from ..loop import train
 
-MODEL_ID = "mcore-gpt"
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 64, 8, 16, 2, 4
 #: `<wrapper>-tp<N>` or `<wrapper>-pp<N>`: the parallel layout is part of the plugin id.
 PLUGIN_RE = re.compile(r"^(torch-ddp|megatron-ddp|megatron-ddp-distopt)-(tp|pp)(\d+)$")
@@ -139,8 +138,8 @@ class MirrorGPT(nn.Module):
         return self.output_layer(self.decoder.final_layernorm(x))
 
 
-def reference_model(cell: Cell) -> tuple[nn.Module, Callable[[nn.Module, Batch], torch.Tensor]]:
-    return MirrorGPT(), lambda model, batch: models.loss_fn(model(batch["tokens"]), batch["targets"])
+def _mirror_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return models.loss_fn(model(batch["tokens"]), batch["targets"])
 
 
 # -- the Megatron model on this rank -------------------------------------------------------------------------
@@ -294,8 +293,7 @@ def _optimizer_model_params(optimizer: Any) -> list[nn.Parameter]:
 
 def _freeze(model: nn.Module, names: dict[str, str], plan: FreezePlan) -> None:
     """The same rule on every rank; each stage touches only the modules it owns (pre/post_process)."""
-    for local, param in model.named_parameters():
-        param.requires_grad_(names[local] in plan.trainable)
+    apply_freeze(plan, model, names.__getitem__)
 
 
 def _microbatches(ctx: RunContext, step: int, layout: Layout) -> list[Batch]:
@@ -339,15 +337,53 @@ def _materialize(ctx: RunContext, model: nn.Module, names: dict[str, str]) -> No
                        "the adapter copied them back from the meta params")
 
 
-class Adapter:
-    def reference_model(self, cell: Cell) -> tuple[nn.Module, Callable[[nn.Module, Batch], torch.Tensor]]:
-        return reference_model(cell)
+@dataclass
+class _Loop:
+    """Megatron's own schedule (`get_forward_backward_func`) over this rank's microbatches."""
+
+    ctx: RunContext
+    layout: Layout
+    view: _View
+    stepped: tuple[Any, Any, Any] | None = None  # what the last optimizer.step() returned
+
+    @property
+    def clips_in_step(self) -> bool:
+        """Megatron's optimizer clips inside step() (clip_grad); under torch DDP we clip with Megatron's tools."""
+        return self.layout.wrapper != "torch-ddp"
+
+    def zero_grad(self) -> None:
+        if self.layout.wrapper == "torch-ddp":  # the canonical loop: grads are zeroed through the optimizer
+            self.view.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.view.wrapped.zero_grad_buffer()
+            self.view.optimizer.zero_grad()
+
+    def forward_backward(self, step: int) -> None:
+        micro = _microbatches(self.ctx, step, self.layout)
+        get_forward_backward_func()(
+            forward_step_func=_forward_step, data_iterator=iter(micro), model=[self.view.wrapped],
+            num_microbatches=len(micro), seq_length=SEQ, micro_batch_size=micro[0]["tokens"].shape[0],
+            forward_only=False)
+
+    def clip(self, max_norm: float) -> tuple[float | None, str]:
+        return _clip_torch_ddp(self.view.bare, max_norm), (
+            "megatron.core.optimizer.clip_grads.get_grad_norm_fp32 over the model-parallel group "
+            "(then clip_grad_by_total_norm_fp32)")
+
+    def step(self) -> None:
+        self.stepped = self.view.optimizer.step()
+
+    def norm_after_step(self) -> tuple[float | None, str]:
+        _, norm, _ = self.stepped
+        return norm, "returned by MegatronOptimizer.step() (clip_grad = max_norm)"
+
+
+class MegatronAdapter(AdapterBase):
+    def reference_model(self, cell: Cell) -> tuple[nn.Module, LossOf]:
+        return MirrorGPT(), _mirror_loss
 
     def run(self, ctx: RunContext) -> None:
-        with contextlib.ExitStack() as stack:
-            if ctx.cell.emulation:
-                for what in stack.enter_context(cuda_on_cpu()):
-                    ctx.probe.emulated(what)
+        with contextlib.ExitStack() as stack, ctx.emulation():
             self._run(ctx, stack)
 
     def _run(self, ctx: RunContext, stack: contextlib.ExitStack) -> None:
@@ -375,8 +411,9 @@ class Adapter:
 
         ctx.probe.phase(f"wrap ({layout.wrapper})")
         wrapped, optimizer = self._wrap(ctx, config, bare, layout, names, plan, after_wrap)
+        config.no_sync_func = wrapped.no_sync
         dist.barrier()
-        self._train(ctx, layout, config, _View(bare, names, dims, wrapped, optimizer, layout))
+        train(ctx, _Loop(ctx, layout, _View(bare, names, dims, wrapped, optimizer, layout)))
 
     def _wrap(self, ctx: RunContext, config: TransformerConfig, bare: GPTModel, layout: Layout,
               names: dict[str, str], plan: FreezePlan, after_wrap: bool) -> tuple[nn.Module, Any]:
@@ -399,34 +436,6 @@ class Adapter:
                                      adam_eps=h.eps, weight_decay=h.weight_decay, clip_grad=h.max_norm,
                                      use_distributed_optimizer=distopt)
         return wrapped, get_megatron_optimizer(opt_config, [wrapped], config_overrides={})
-
-    def _train(self, ctx: RunContext, layout: Layout, config: TransformerConfig, view: _View) -> None:
-        bare, wrapped, optimizer = view.bare, view.wrapped, view.optimizer
-        config.no_sync_func = wrapped.no_sync
-        forward_backward = get_forward_backward_func()
-        ctx.probe.wrapped(view)
-        for step in range(ctx.cell.hyper.steps):
-            ctx.probe.phase(f"step {step}: forward/backward")
-            micro = _microbatches(ctx, step, layout)
-            if layout.wrapper == "torch-ddp":  # the canonical loop: grads are zeroed through the optimizer
-                optimizer.zero_grad(set_to_none=True)
-            else:
-                wrapped.zero_grad_buffer()
-                optimizer.zero_grad()
-            forward_backward(forward_step_func=_forward_step, data_iterator=iter(micro), model=[wrapped],
-                             num_microbatches=len(micro), seq_length=SEQ,
-                             micro_batch_size=micro[0]["tokens"].shape[0], forward_only=False)
-            ctx.probe.after_backward(step, view)
-            ctx.probe.phase(f"step {step}: clip + optimizer step")
-            if layout.wrapper == "torch-ddp":
-                norm = _clip_torch_ddp(bare, ctx.cell.hyper.max_norm)
-                ctx.probe.clipped(step, norm, "megatron.core.optimizer.clip_grads.get_grad_norm_fp32 over the "
-                                              "model-parallel group (then clip_grad_by_total_norm_fp32)")
-                optimizer.step()
-            else:
-                _, norm, _ = optimizer.step()
-                ctx.probe.clipped(step, norm, "returned by MegatronOptimizer.step() (clip_grad = max_norm)")
-            ctx.probe.after_step(step, view)
 
 
 def _clip_torch_ddp(model: nn.Module, max_norm: float) -> float:

@@ -121,7 +121,7 @@ def _reported_class(cls: type) -> Callable[[Callable[[], None], Any], type]:
     """A class stays a class (Megatron may subclass or isinstance-check it): report on construction."""
 
     def make(report: Callable[[], None], original: Any) -> type:
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             report()
             cls.__init__(self, *args, **kwargs)
 

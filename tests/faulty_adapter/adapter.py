@@ -1,4 +1,4 @@
-"""An adapter that misbehaves on purpose, to prove the runner survives hangs and crashes."""
+"""The misbehaving adapter: hangs, crashes a rank, raises on one rank, or trains with real DDP."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import torch.distributed as dist
 
-from pytest_freezecompat.adapters.base import RunContext
-from pytest_freezecompat.adapters.torch_native import Adapter as TorchAdapter
+from pytest_freezecompat.adapters.base import AdapterBase, RunContext
+from pytest_freezecompat.adapters.torch_native.adapter import TorchAdapter
 
 
 def wait_for_ever_in_sleep() -> None:
@@ -17,7 +17,7 @@ def wait_for_ever_in_sleep() -> None:
         time.sleep(0.1)
 
 
-class Adapter:
+class FaultyAdapter(AdapterBase):
     def run(self, ctx: RunContext) -> None:
         plugin = ctx.cell.key.plugin
         ctx.probe.phase(f"misbehave: {plugin}")

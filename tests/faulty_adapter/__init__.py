@@ -1,0 +1,7 @@
+"""An adapter that misbehaves on purpose, to prove the runner survives hangs and crashes."""
+
+from pytest_freezecompat.core.declaration import AdapterDeclaration
+
+DECLARATION = AdapterDeclaration(
+    plugins=("ok", "hang", "ok-after-hang", "crash", "ok-after-crash", "raise-on-rank-1", "ok-after-raise"),
+    init=("eager",), checkpoint=("none",), implementation="faulty_adapter.adapter:FaultyAdapter")
