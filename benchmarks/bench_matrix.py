@@ -20,9 +20,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pytest_freezecompat import spec
 from pytest_freezecompat.plan import Selection, plan
 from pytest_freezecompat.pool import RankPool
+
+from pytest_freezecompat import spec
 
 
 def full_slice(environment: str, report_dir: Path) -> tuple[float, dict]:

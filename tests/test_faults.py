@@ -19,7 +19,7 @@ def test_hang_crash_and_one_rank_error_do_not_take_the_run_down(run_matrix):
     crash = cells["crash"]
     assert "rank 1 killed by signal SIGSEGV" in crash["message"]
     survivor = crash["rank_details"][0]
-    assert survivor["stack"].startswith("Current thread") and "rank/main.py" in survivor["stack"]  # the survivor's story
+    assert survivor["stack"].startswith("Current thread") and "rank/main.py" in survivor["stack"]  # survivor
     raised = cells["raise-on-rank-1"]
     assert "deliberate failure on rank 1 (rank 1" in raised["message"]
     assert raised["rank_details"][1]["error"]["type"] == "RuntimeError"

@@ -18,6 +18,8 @@ from .base import strip_wrapper_infixes
 
 #: The module names FSDP1 inserts into parameter names.
 FSDP1_INFIXES = ("_fsdp_wrapped_module",)
+#: ... and with torch's `checkpoint_wrapper` around blocks (Composer's activation checkpointing).
+CHECKPOINT_WRAPPER_INFIXES = (*FSDP1_INFIXES, "_checkpoint_wrapped_module")
 FLAT_PARAM = "_flat_param"
 
 

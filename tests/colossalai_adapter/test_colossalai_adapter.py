@@ -21,14 +21,19 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchFSDPPlugin
 from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
 
-from pytest_freezecompat import checks, models, pool
-from pytest_freezecompat.adapters import colossalai as cai
-from pytest_freezecompat.adapters.colossalai_emulation import cuda_on_cpu
-from pytest_freezecompat.plan import Selection, plan
-from pytest_freezecompat.spec import load
+from pytest_freezecompat import models
+from pytest_freezecompat.adapters.base import RunContext
+from pytest_freezecompat.adapters.colossalai import DECLARATION
+from pytest_freezecompat.adapters.colossalai import adapter as cai
+from pytest_freezecompat.adapters.colossalai.emulation import SHIM
+from pytest_freezecompat.controller import pool
+from pytest_freezecompat.spec.matrix import load
+from pytest_freezecompat.spec.plan import Selection, plan
+from pytest_freezecompat.verdict import checks
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the shim does on a CPU-only machine")
-ADAPTER_MODULE = "pytest_freezecompat.adapters.colossalai"
+ADAPTER_MODULE = DECLARATION.implementation_module
+CPU = torch.device("cpu")
 
 
 class Probe:
@@ -48,7 +53,7 @@ def test_shim_engages_only_inside_and_restores_everything() -> None:
     original_configure = TorchFSDPPlugin.__dict__["configure"]
     with pytest.raises(RuntimeError, match="not supported for cpu accelerator"):
         accelerator.current_stream()
-    with cuda_on_cpu(probe, torch.device("cpu")):
+    with SHIM.apply(None, probe, CPU):
         with accelerator.stream(accelerator.current_stream()):
             pass
         assert LowLevelZeroOptimizer._sanity_checks is not original_check
@@ -62,12 +67,11 @@ def test_shim_engages_only_inside_and_restores_everything() -> None:
 
 
 @CPU_ONLY
-def test_emulation_follows_the_cell_flag() -> None:
-    ctx: Any = type("Ctx", (), {"probe": Probe(), "device": torch.device("cpu")})()
-    for flag in (False, True):
-        ctx.cell = type("Cell", (), {"emulation": flag})()
-        with cai._emulation(ctx):
-            assert ("stream" in get_accelerator().__dict__) == flag
+def test_emulation_follows_the_cell_shim() -> None:
+    for shim in (None, SHIM):
+        ctx: Any = type("Ctx", (), {"probe": Probe(), "device": CPU, "cell": None, "shim": shim})()
+        with RunContext.emulation(ctx):
+            assert ("stream" in get_accelerator().__dict__) == (shim is not None)
     assert "stream" not in get_accelerator().__dict__
 
 
@@ -91,10 +95,10 @@ def _boost(plugin_id: str, frozen: tuple[str, ...], optimized: tuple[str, ...] |
     chosen = [p for n, p in model.named_parameters()
               if p.requires_grad and (optimized is None or n.startswith(optimized))]
     optimizer = torch.optim.AdamW(chosen, lr=1e-2)
-    plugin = cai.make_plugin(plugin_id, "fp32", 1.0, {"overlap_communication": False} if "zero" in plugin_id else {})
-    booster = Booster(plugin=plugin)
+    spec = cai.PLUGINS[plugin_id]
+    booster = Booster(plugin=spec.make("fp32", 1.0, {"overlap_communication": False} if "zero" in plugin_id else {}))
     boosted, boosted_optimizer, *_ = booster.boost(model, optimizer)
-    return booster, boosted, boosted_optimizer, cai.make_view(plugin_id, boosted, boosted_optimizer)
+    return booster, boosted, boosted_optimizer, spec.view(boosted, boosted_optimizer)
 
 
 def _reference_grads(frozen: tuple[str, ...], tokens: torch.Tensor) -> dict[str, torch.Tensor | None]:
@@ -111,7 +115,7 @@ def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
     """CASES C5: after booster.backward, param.grad is None; optimizer.get_param_grad has the grad."""
     frozen = ("tok_emb", "pos_emb")
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    with cuda_on_cpu(Probe(), torch.device("cpu")):
+    with SHIM.apply(None, Probe(), CPU):
         booster, model, optimizer, view = _boost("low-level-zero-1", frozen)
         booster.backward(models.loss_fn(model(tokens), tokens), optimizer)
         assert all(p.grad is None for p in model.unwrap().parameters())
@@ -127,7 +131,7 @@ def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
 @CPU_ONLY
 @pytest.mark.usefixtures("one_rank_group")
 def test_zero_master_shards_map_back_to_the_params_the_user_chose() -> None:
-    with cuda_on_cpu(Probe(), torch.device("cpu")):
+    with SHIM.apply(None, Probe(), CPU):
         _, model, _, view = _boost("low-level-zero-2", frozen=(), optimized=("blocks.2.", "head."))
     names = [n for n, _ in model.unwrap().named_parameters()]
     assert view.tracked_names() == {n for n in names if n.startswith(("blocks.2.", "head."))}
@@ -150,28 +154,13 @@ def test_ddp_and_hybrid_parallel_zero0_keep_grads_on_the_param() -> None:
                 torch.testing.assert_close(grad, want[name], rtol=1e-5, atol=1e-7)
 
 
-def test_unknown_plugin_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="no plugin 'deepspeed'"):
-        cai.make_plugin("deepspeed", "fp32", 1.0, {})
+def test_the_declaration_and_the_implementation_name_the_same_plugins() -> None:
+    assert tuple(cai.PLUGINS) == DECLARATION.plugins
 
 
 @pytest.fixture
-def rank_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[pool.RankPool]:
-    """A 2-rank warm pool; torch 2.5.1's libuv TCPStore refuses a listening fd, so fall back to the legacy one."""
-    original = pool._loopback_store
-
-    def loopback_store(timeout_s: float) -> tuple[Any, int]:
-        try:
-            return original(timeout_s)
-        except NotImplementedError:
-            real = dist.TCPStore
-            monkeypatch.setattr(dist, "TCPStore", lambda *a, **k: real(*a, **k, use_libuv=False))
-            try:
-                return original(timeout_s)
-            finally:
-                monkeypatch.setattr(dist, "TCPStore", real)
-
-    monkeypatch.setattr(pool, "_loopback_store", loopback_store)
+def rank_pool() -> Iterator[pool.RankPool]:
+    """A 2-rank warm pool."""
     ranks = pool.RankPool(world_size=2, preload=[ADAPTER_MODULE])
     try:
         yield ranks
@@ -200,15 +189,15 @@ def test_real_two_rank_slice(rank_pool: pool.RankPool) -> None:
             assert status == "skip" and "needs CUDA" in cell.skip
             continue
         run = rank_pool.run(cell, timeout_s=120)
-        verdict = checks.judge(run, cell.precision, cell.key.freeze, 120)
+        verdict = checks.judge(run, cell, 120)
         assert verdict.status == status, (cell_id, verdict.message)
-        lead = run.ranks[0].record or {}
+        lead = run.ranks[0].record
         if cell_id.startswith("low-level-zero"):
-            assert "optimizer.get_param_grad" in lead["grad_access"]
-            assert "LowLevelZeroOptimizer._sanity_checks sees accelerator 'cuda'" in lead["emulated"]
-        if status == "fail":  # CASES C4: reentrant checkpointing over a frozen embedding
+            assert "optimizer.get_param_grad" in lead.grad_access
+            assert "LowLevelZeroOptimizer._sanity_checks sees accelerator 'cuda'" in lead.emulated
+        if status == "fail":  # reentrant checkpointing over a frozen embedding drops the blocks' grads
             assert verdict.check == "grads" and "no grad on trainable" in verdict.message
-        if status == "error":  # CASES C9 through TorchFSDPPlugin (flat params, no use_orig_params option)
+        if status == "error":  # FSDP1 flat params refuse mixed requires_grad (TorchFSDPPlugin has no orig params)
             assert "Must flatten tensors with uniform `requires_grad`" in verdict.message
 
 
@@ -216,7 +205,7 @@ def test_real_two_rank_slice(rank_pool: pool.RankPool) -> None:
 def test_lazy_ddp_boost_is_a_crash_the_pool_survives(rank_pool: pool.RankPool) -> None:
     cells = _cells("framework=colossalai,plugin=torch-ddp,init=lazy,init=eager,checkpoint=none,freeze=none")
     crashed = rank_pool.run(cells["torch-ddp/lazy/none/none"], timeout_s=120)
-    assert checks.judge(crashed, "fp32", "none", 120).status == "crash"
+    assert checks.judge(crashed, cells["torch-ddp/lazy/none/none"], 120).status == "crash"
     assert any("SIGSEGV" in (r.exit or "") for r in crashed.ranks)
     after = rank_pool.run(cells["torch-ddp/eager/none/none"], timeout_s=120)
-    assert checks.judge(after, "fp32", "none", 120).status == "pass"
+    assert checks.judge(after, cells["torch-ddp/eager/none/none"], 120).status == "pass"

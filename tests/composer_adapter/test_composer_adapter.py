@@ -1,4 +1,4 @@
-"""The Composer adapter's pieces, in process: name mapping, the CUDA-on-CPU shim, the clip-norm tap."""
+"""The Composer adapter's pieces, in process: parallelism configs, the CUDA-on-CPU shim, the clip-norm tap."""
 
 from __future__ import annotations
 
@@ -10,36 +10,17 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from pytest_freezecompat.adapters import composer as adapter
-from pytest_freezecompat.adapters import composer_emulation as emulation
+from pytest_freezecompat.adapters.composer import adapter, emulation
+
+CPU = torch.device("cpu")
 
 
-class _Flat(nn.Parameter):
-    """Stands in for an FSDP1 FlatParameter: what matters to the mapping is `_fqns`."""
+class Probe:
+    def __init__(self) -> None:
+        self.used: list[str] = []
 
-
-def _flat(fqns: list[str]) -> nn.Parameter:
-    param = _Flat(torch.zeros(1))
-    param._fqns = fqns
-    return param
-
-
-@pytest.mark.parametrize(("wrapped", "bare"), [
-    ("blocks.0.ln1.weight", "blocks.0.ln1.weight"),  # DDP (read from shell.model) and FSDP2
-    ("blocks.0._checkpoint_wrapped_module.ln1.weight", "blocks.0.ln1.weight"),  # FSDP2 + Composer's checkpointing
-    ("_fsdp_wrapped_module.blocks.0._fsdp_wrapped_module.qkv.lora_a", "blocks.0.qkv.lora_a"),  # FSDP1 orig params
-    ("_fsdp_wrapped_module.blocks.1._fsdp_wrapped_module._checkpoint_wrapped_module.fc1.bias", "blocks.1.fc1.bias"),
-])
-def test_wrapped_names_map_back_to_the_bare_model(wrapped: str, bare: str) -> None:
-    assert adapter.original_names(wrapped, nn.Parameter(torch.zeros(1))) == [bare]
-
-
-def test_a_flat_param_stands_for_every_param_folded_into_it() -> None:
-    block = _flat(["ln1.weight", "_checkpoint_wrapped_module.fc1.bias"])
-    root = _flat(["tok_emb.weight", "head.bias"])
-    assert adapter.original_names("_fsdp_wrapped_module.blocks.2._fsdp_wrapped_module._flat_param", block) == [
-        "blocks.2.ln1.weight", "blocks.2.fc1.bias"]
-    assert adapter.original_names("_fsdp_wrapped_module._flat_param", root) == ["tok_emb.weight", "head.bias"]
+    def emulated(self, what: str) -> None:
+        self.used.append(what)
 
 
 @pytest.mark.parametrize(("plugin", "fsdp"), [("ddp", None), ("fsdp1", "FSDPConfig"), ("fsdp2", "FSDP2Config")])
@@ -60,20 +41,20 @@ def test_fsdp1_variants_set_sharding_and_orig_params() -> None:
 
 
 def test_shim_redirects_cuda_requests_only_inside_and_reports_what_it_used() -> None:
-    used: list[str] = []
+    probe = Probe()
     current_device, to_empty = torch.cuda.current_device, nn.Module.to_empty
-    with emulation.cuda_on_cpu(used.append):
+    with emulation.SHIM.apply(None, probe, CPU):
         assert torch.cuda.current_device() == torch.device("cpu")
         module = nn.Linear(2, 2, device="meta").to_empty(device=f"cuda:{torch.cuda.current_device()}")
         assert module.weight.device.type == "cpu"
         nn.Linear(2, 2, device="meta").to_empty(device="cpu")  # a CPU request is left alone
-    assert sorted(set(used)) == sorted([emulation.CURRENT_DEVICE, emulation.TO_EMPTY])
+    assert sorted(set(probe.used)) == sorted([emulation.CURRENT_DEVICE, emulation.TO_EMPTY])
     assert (torch.cuda.current_device, nn.Module.to_empty) == (current_device, to_empty)
 
 
 def test_shim_is_undone_when_the_wrapped_code_raises() -> None:
     to_empty = nn.Module.to_empty
-    with pytest.raises(RuntimeError, match="boom"), emulation.cuda_on_cpu(lambda what: None):
+    with pytest.raises(RuntimeError, match="boom"), emulation.SHIM.apply(None, Probe(), CPU):
         raise RuntimeError("boom")
     assert nn.Module.to_empty is to_empty
 

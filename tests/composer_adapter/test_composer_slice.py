@@ -9,11 +9,15 @@ import pytest
 
 pytest.importorskip("composer.core")  # a module of the real package, not a namespace folder
 
-from pytest_freezecompat import checks, plan, spec
-from pytest_freezecompat.cell import Cell
-from pytest_freezecompat.pool import RankPool
+from pytest_freezecompat.adapters.composer import DECLARATION
+from pytest_freezecompat.controller.pool import RankPool
+from pytest_freezecompat.core.cell import Cell
+from pytest_freezecompat.core.records import RankRecord
+from pytest_freezecompat.spec import matrix as spec
+from pytest_freezecompat.spec import plan
+from pytest_freezecompat.verdict import checks
 
-ADAPTER = "pytest_freezecompat.adapters.composer"
+ADAPTER = DECLARATION.implementation_module
 TIMEOUT_S = 120.0
 
 
@@ -33,19 +37,19 @@ def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none"
     return found
 
 
-def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list[dict]]:
+def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list[RankRecord]]:
     result = pool.run(c, TIMEOUT_S)
-    return checks.judge(result, c.precision, c.key.freeze, TIMEOUT_S), [r.record for r in result.ranks]
+    return checks.judge(result, c, TIMEOUT_S), [r.record for r in result.ranks]
 
 
 def test_ddp_trains_like_the_reference_with_grads_and_norm_read_in_callbacks(pool: RankPool) -> None:
     verdict, records = run(pool, cell("ddp", "embedding"))
     assert verdict.status == "pass", verdict.message
-    steps = records[0]["steps"]
-    assert len(steps) == 2 and all(s["grads"]["head.weight"] is not None for s in steps)
-    assert steps[0]["grads"]["tok_emb.weight"] is None  # frozen: no grad
-    assert "GradientClipping" in steps[0]["norm_source"]
-    assert not records[0]["emulated"]
+    steps = records[0].steps
+    assert len(steps) == 2 and all(s.grads["head.weight"] is not None for s in steps)
+    assert steps[0].grads["tok_emb.weight"] is None  # frozen: no grad
+    assert "GradientClipping" in steps[0].norm_source
+    assert not records[0].emulated
 
 
 @pytest.mark.parametrize(("plugin", "init", "checkpoint"), [
@@ -59,18 +63,18 @@ def test_trainer_tracks_exactly_a_user_optimizer_subset(pool: RankPool, plugin: 
     """CASES C7 on this release: after wrapping, the optimizer holds the subset, by original name."""
     c = cell(plugin, "optimizer-subset", init, checkpoint)
     verdict, records = run(pool, c)
-    plan_names = records[0]["plan"]
-    assert records[0]["tracked"] == plan_names["optimized"]
-    assert sorted(records[0]["requires_grad"]) == sorted(plan_names["names"])
+    plan_names = records[0].plan
+    assert records[0].tracked == plan_names.optimized
+    assert sorted(records[0].requires_grad) == sorted(plan_names.names)
     assert verdict.check != "optimizer", verdict.message
-    assert bool(records[0]["emulated"]) == c.emulation
+    assert bool(records[0].emulated) == c.emulation
 
 
 def test_default_optimizer_tracks_every_param(pool: RankPool) -> None:
     verdict, records = run(pool, cell("fsdp1-orig-params-default-optimizer", "optimizer-subset"))
     assert (verdict.status, verdict.check) == ("fail", "optimizer")
-    assert records[0]["tracked"] == sorted(records[0]["plan"]["names"])
-    assert any("DecoupledSGDW" in n for n in records[0]["notes"])
+    assert records[0].tracked == tuple(sorted(records[0].plan.names))
+    assert any("DecoupledSGDW" in n for n in records[0].notes)
 
 
 def test_flat_param_fsdp1_refuses_an_optimizer_subset_and_maps_the_flat_params(pool: RankPool) -> None:
@@ -78,8 +82,8 @@ def test_flat_param_fsdp1_refuses_an_optimizer_subset_and_maps_the_flat_params(p
     assert verdict.status == "error" and "use_orig_params=False" in verdict.message
     verdict, records = run(pool, cell("fsdp1", "none"))
     assert verdict.status == "pass", verdict.message
-    assert records[0]["tracked"] == sorted(records[0]["plan"]["names"])  # flat params expanded through _fqns
-    assert "_fqns" in records[0]["grad_access"]
+    assert records[0].tracked == tuple(sorted(records[0].plan.names))  # flat params expanded through _fqns
+    assert "_fqns" in records[0].grad_access
 
 
 def test_emulation_is_what_lets_fsdp1_run_on_cpu(pool: RankPool) -> None:
@@ -87,7 +91,7 @@ def test_emulation_is_what_lets_fsdp1_run_on_cpu(pool: RankPool) -> None:
     assert marked.emulation
     verdict, records = run(pool, marked)
     assert verdict.status == "pass", verdict.message
-    assert any("current_device" in e for e in records[0]["emulated"])
-    verdict, records = run(pool, dataclasses.replace(marked, emulation=False))
-    assert verdict.status == "error" and not records[0]["emulated"]
-    assert "Trainer init" in records[0]["error"]["phase"]
+    assert any("current_device" in e for e in records[0].emulated)
+    verdict, records = run(pool, dataclasses.replace(marked, emulation=False, shim=None))
+    assert verdict.status == "error" and not records[0].emulated
+    assert "Trainer init" in records[0].error.phase

@@ -15,8 +15,19 @@ pytest.importorskip("megatron.core")
 import torch.distributed as dist
 
 from pytest_freezecompat import models
-from pytest_freezecompat.adapters import megatron as mg
-from pytest_freezecompat.adapters.megatron_emulation import cuda_on_cpu
+from pytest_freezecompat.adapters.megatron import DECLARATION
+from pytest_freezecompat.adapters.megatron import adapter as mg
+from pytest_freezecompat.adapters.megatron.emulation import SHIM, TO_CPU
+
+CPU = torch.device("cpu")
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def emulated(self, what: str) -> None:
+        self.used.append(what)
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the shim hides on a CPU-only torch")
 
@@ -27,6 +38,7 @@ def test_plugin_ids_carry_the_parallel_layout() -> None:
     assert mg.parse_plugin("torch-ddp-tp1") == mg.Layout("torch-ddp", tp=1, pp=1)
     with pytest.raises(ValueError, match="no plugin 'fsdp'"):
         mg.parse_plugin("fsdp")
+    assert all(mg.parse_plugin(plugin) for plugin in DECLARATION.plugins)
 
 
 @NO_CUDA
@@ -34,9 +46,11 @@ def test_shim_redirects_cuda_only_while_engaged_and_restores_everything() -> Non
     rng = torch.get_rng_state()
     with pytest.raises((AssertionError, RuntimeError)):
         torch.ones(2, device="cuda")
-    with cuda_on_cpu() as patched:
-        assert "device='cuda' -> cpu (TorchFunctionMode)" in patched
+    probe = Probe()
+    with SHIM.apply(None, probe, CPU):
+        assert not probe.used  # reported when it engages, not up front
         assert torch.ones(2, device="cuda").device.type == "cpu"
+        assert probe.used == [TO_CPU]
         assert torch.zeros(2, device=torch.cuda.current_device()).device.type == "cpu"
         assert torch.zeros(2).cuda().device.type == "cpu"
         assert torch.zeros(2).to("cuda").device.type == "cpu"
@@ -57,7 +71,7 @@ def one_rank_group() -> Iterator[None]:
     store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        with cuda_on_cpu():
+        with SHIM.apply(None, Probe(), CPU):
             mg.ps.initialize_model_parallel(1, 1)
             mg.tensor_parallel.model_parallel_cuda_manual_seed(1)
             try:
@@ -80,7 +94,7 @@ def _filled_gpt(seed: int) -> tuple[mg.GPTModel, dict[str, str]]:
 
 def test_reference_mirror_has_gptmodels_names_and_computes_its_loss(one_rank_group: None) -> None:
     gpt, names = _filled_gpt(seed=5)
-    mirror, loss_of = mg.reference_model(None)
+    mirror, loss_of = mg.MegatronAdapter().reference_model(None)
     assert list(names.values()) == [n for n, _ in mirror.named_parameters()]
     models.init_weights(mirror, 5)  # the same values: eager init depends only on (seed, name, shape)
     batch = models.make_batches("mcore-gpt", seed=3, steps=1, global_batch=2)[0]

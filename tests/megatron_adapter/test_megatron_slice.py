@@ -9,12 +9,15 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from pytest_freezecompat import checks, plan, spec
-from pytest_freezecompat.cell import Cell
-from pytest_freezecompat.freeze import FreezePattern
-from pytest_freezecompat.pool import RankPool
+from pytest_freezecompat.adapters.megatron import DECLARATION
+from pytest_freezecompat.controller.pool import RankPool
+from pytest_freezecompat.core.cell import Cell
+from pytest_freezecompat.core.freeze import FreezePattern
+from pytest_freezecompat.spec import matrix as spec
+from pytest_freezecompat.spec import plan
+from pytest_freezecompat.verdict import checks
 
-ADAPTER = "pytest_freezecompat.adapters.megatron"
+ADAPTER = DECLARATION.implementation_module
 PROBE = "megatron_shard_probe"
 TIMEOUT_S = 120.0
 
@@ -37,7 +40,7 @@ def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none"
 
 def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list]:
     result = pool.run(c, TIMEOUT_S)
-    return checks.judge(result, c.precision, c.key.freeze, TIMEOUT_S), result.ranks
+    return checks.judge(result, c, TIMEOUT_S), result.ranks
 
 
 @pytest.mark.parametrize(("plugin", "freeze", "init"), [
@@ -49,18 +52,18 @@ def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list]:
 def test_freeze_patterns_train_like_the_reference(pool: RankPool, plugin: str, freeze: str, init: str) -> None:
     verdict, ranks = run(pool, cell(plugin, freeze, init))
     assert verdict.status == "pass", verdict.message
-    assert ranks[0].record["emulated"]  # on CPU the cell is labelled as emulated
+    assert ranks[0].record.emulated  # on CPU the cell is labelled as emulated
 
 
 def test_distributed_optimizer_shards_are_united_and_grads_gathered(pool: RankPool) -> None:
-    c = dataclasses.replace(cell("megatron-ddp-distopt-tp1", "none"), adapter=f"{PROBE}:Adapter")
+    c = dataclasses.replace(cell("megatron-ddp-distopt-tp1", "none"), adapter=f"{PROBE}:ShardNotingAdapter")
     verdict, ranks = run(pool, c)
     assert verdict.status == "pass", verdict.message  # grads read from the reduce-scattered shards match
-    local = [set(next(n for n in r.record["notes"] if "locally tracked" in n).split(": ")[1].split(","))
+    local = [set(next(n for n in r.record.notes if "locally tracked" in n).split(": ")[1].split(","))
              for r in ranks]
     assert local[0] and local[1] and local[0] != local[1]  # each rank's optimizer holds its own shard
-    assert set(ranks[0].record["tracked"]) == local[0] | local[1] == set(ranks[0].record["plan"]["optimized"])
-    assert "all-gather" in ranks[0].record["grad_access"]
+    assert set(ranks[0].record.tracked) == local[0] | local[1] == set(ranks[0].record.plan.optimized)
+    assert "all-gather" in ranks[0].record.grad_access
 
 
 def test_megatron_findings_show_as_real_failures(pool: RankPool) -> None:
@@ -89,6 +92,5 @@ def test_one_rank_error_ends_with_both_stories_and_the_next_cell_runs(pool: Rank
 
 
 def test_without_the_shim_megatron_fails_loudly_on_cpu(pool: RankPool) -> None:
-    verdict, ranks = run(pool, dataclasses.replace(cell("megatron-ddp-tp1", "none"), emulation=False))
+    verdict, ranks = run(pool, dataclasses.replace(cell("megatron-ddp-tp1", "none"), emulation=False, shim=None))
     assert verdict.status == "error" and "CUDA" in verdict.message, verdict.message
-    assert not any(r.record and r.record.get("emulated") for r in ranks)

@@ -34,11 +34,9 @@ from ... import models
 from ..base import AdapterBase, Batch, RunContext, apply_freeze
 from ..loop import StepProbes
 from ..torch_native.adapter import fill_from_full
-from ..views import DTensorView, FSDP1View, ParamView
+from ..views import CHECKPOINT_WRAPPER_INFIXES, DTensorView, FSDP1View, ParamView
 from . import DEFAULT_OPTIMIZER_SUFFIX
 
-#: Module names that Composer's wrappers (FSDP1, checkpoint_wrapper) insert into parameter names.
-INFIXES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 #: Where every view reads: grads exist only inside fit(), which clears them when it ends.
 READ_IN_CALLBACK = ", read in Callback.after_backward (fit() clears grads when it ends)"
 #: The checkpoint axis value for Composer's own activation checkpointing (an FSDP config option).
@@ -184,7 +182,7 @@ def _trainer(ctx: RunContext, shell: _Shell, optimizer: torch.optim.Optimizer | 
 def _view(base: str, shell: _Shell, state: State) -> ParamView:
     """Reads `shell.model` (whatever Composer made of it) by the bare model's names."""
     view_class = {"ddp": ParamView, "fsdp2": DTensorView}.get(base, FSDP1View)
-    view = view_class(shell.model, state.optimizers, INFIXES)
+    view = view_class(shell.model, state.optimizers, CHECKPOINT_WRAPPER_INFIXES)
     view.grad_access += READ_IN_CALLBACK
     return view
 
