@@ -8,10 +8,12 @@ Each framework pins its own torch, so each environment is its own virtualenv:
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import nox
-import tomllib
 
 ROOT = Path(__file__).parent
 SHARDS = ROOT / ".freeze-matrix" / "shards"
@@ -23,15 +25,16 @@ MATRIX_EXIT_CODES = [0, 1]
 
 
 def environments() -> dict[str, dict[str, list[str]]]:
-    """Environment name -> its pins and the frameworks it owns, from the framework files."""
-    envs: dict[str, dict[str, list[str]]] = {}
-    for file in sorted((ROOT / "matrix" / "frameworks").glob("*.toml")):
-        data = tomllib.loads(file.read_text())
-        env = data.get("environment", {"name": data["framework"]})
-        entry = envs.setdefault(env["name"], {"install": [], "frameworks": []})
-        entry["install"] = entry["install"] or list(env.get("install", []))
-        entry["frameworks"].append(data["framework"])
-    return envs
+    """Environment name -> its pins and the frameworks it owns, as the matrix loader merges them.
+
+    Asked of the package itself (stdlib only at that point), so nox, CI and the nightly workflow
+    read one rule; a malformed matrix file stops here with the loader's one-line error.
+    """
+    found = subprocess.run([sys.executable, "-m", "pytest_freezecompat.spec.environments"], cwd=ROOT,
+                           capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        raise SystemExit(found.stderr.strip())
+    return json.loads(found.stdout)
 
 
 def _install(session: nox.Session, pins: list[str]) -> None:

@@ -92,5 +92,5 @@ def test_one_rank_error_ends_with_both_stories_and_the_next_cell_runs(pool: Rank
 
 
 def test_without_the_shim_megatron_fails_loudly_on_cpu(pool: RankPool) -> None:
-    verdict, ranks = run(pool, dataclasses.replace(cell("megatron-ddp-tp1", "none"), emulation=False, shim=None))
+    verdict, _ = run(pool, dataclasses.replace(cell("megatron-ddp-tp1", "none"), emulation=False, shim=None))
     assert verdict.status == "error" and "CUDA" in verdict.message, verdict.message
