@@ -20,10 +20,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pytest_freezecompat.plan import Selection, plan
-from pytest_freezecompat.pool import RankPool
-
-from pytest_freezecompat import spec
+from pytest_freezecompat.controller.pool import RankPool
+from pytest_freezecompat.spec import matrix as spec
+from pytest_freezecompat.spec.plan import Selection, plan
 
 
 def full_slice(environment: str, report_dir: Path) -> tuple[float, dict]:
@@ -41,7 +40,7 @@ def fresh_launch_costs(environment: str, samples: int) -> list[float]:
     costs = []
     for cell in cells:
         started = time.perf_counter()
-        pool = RankPool(2, [cell.adapter.partition(":")[0]])
+        pool = RankPool(2, [cell.adapter_module])
         try:
             pool.run(cell, timeout_s=300)
         finally:

@@ -23,7 +23,7 @@ def test_matrix_runs_real_cells_and_writes_the_report(run_matrix):
     result.assert_outcomes(passed=2, failed=1)
     assert statuses(report) == {"none": "pass", "embedding": "pass", "unused-branch": "error"}
     error = next(c for c in report["cells"] if c["status"] == "error")
-    assert "find_unused_parameters=True" in error["message"] and "step 1" in error["message"]  # CASES C10
+    assert "find_unused_parameters=True" in error["message"] and "step 1" in error["message"]  # unused branch
     assert report["environments"]["torch"]["backend"] == "gloo"
     result.stdout.fnmatch_lines(["collected 3 items",
                                  "reproduce: pytest --freeze-matrix --freeze-matrix-select model=tiny-gpt,"

@@ -100,7 +100,7 @@ class MatrixRun:
     # -- running cells (in whichever process runs the item) --------------------------------
     def _get_pool(self) -> RankPool:
         if self._pool is None:
-            preload = sorted({c.adapter.partition(":")[0] for c in self.cells if c.skip is None})
+            preload = sorted({c.adapter_module for c in self.cells if c.skip is None})
             self._pool = RankPool(self.options.world_size, preload)
         return self._pool
 

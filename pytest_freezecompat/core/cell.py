@@ -88,3 +88,8 @@ class Cell:
     @property
     def id(self) -> str:
         return self.key.id
+
+    @property
+    def adapter_module(self) -> str:
+        """What a rank imports ahead of its first cell (the pool preloads it)."""
+        return self.adapter.partition(":")[0]

@@ -40,7 +40,8 @@ class Block:
 
 @dataclass(frozen=True)
 class GradAccess:
-    """Where a user reads a full grad and the clip norm under one plugin (CASES C5)."""
+    """Where a user reads a full grad and the clip norm under one plugin
+    (sharded stacks hide it: ZeRO in its optimizer, Gemini in chunks)."""
 
     plugin: str
     grad: str

@@ -84,7 +84,8 @@ def _grid(section: grid.Section) -> list[str]:
 
 
 def _access(access: tuple[grid.GradAccess, ...]) -> list[str]:
-    """Where a user reads a full grad and the clip norm, per plugin (CASES C5)."""
+    """Where a user reads a full grad and the clip norm, per plugin
+    (sharded stacks hide it: ZeRO in its optimizer, Gemini in chunks)."""
     if not access:
         return []
     rows = [f'<tr data-plugin="{escape(a.plugin, quote=True)}"><td>{escape(a.plugin)}</td><td><code>'

@@ -71,7 +71,8 @@ def _tables(sections: list[grid.Section]) -> list[str]:
 
 
 def _access_table(access: tuple[grid.GradAccess, ...]) -> str:
-    """Where a user reads full grads and the clip norm, per plugin (CASES C5)."""
+    """Where a user reads full grads and the clip norm, per plugin
+    (sharded stacks hide it: ZeRO in its optimizer, Gemini in chunks)."""
     if not access:
         return ""
     rows = ["| plugin | full grad of a trainable param | clip norm |", "|---|---|---|"]

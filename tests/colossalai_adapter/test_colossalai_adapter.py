@@ -112,7 +112,7 @@ def _reference_grads(frozen: tuple[str, ...], tokens: torch.Tensor) -> dict[str,
 @CPU_ONLY
 @pytest.mark.usefixtures("one_rank_group")
 def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
-    """CASES C5: after booster.backward, param.grad is None; optimizer.get_param_grad has the grad."""
+    """ZeRO hides grads: after booster.backward, param.grad is None; optimizer.get_param_grad has the grad."""
     frozen = ("tok_emb", "pos_emb")
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     with SHIM.apply(None, Probe(), CPU):
