@@ -12,6 +12,16 @@ TESTS = Path(__file__).parent
 SPECS = TESTS / "specs"
 
 
+class ShimProbe:
+    """Records what a CUDA-on-CPU shim reports engaging, as the rank's Recorder does."""
+
+    def __init__(self) -> None:
+        self.emulated_patches: list[str] = []
+
+    def emulated(self, what: str) -> None:
+        self.emulated_patches.append(what)
+
+
 @pytest.fixture
 def small_spec() -> Path:
     return SPECS / "small.toml"

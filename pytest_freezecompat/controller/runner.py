@@ -60,7 +60,7 @@ def repro_command(cell: Cell, options: Options) -> str:
 
 def _record(cell: Cell, repro: str, status: Status, message: str, **fields: Any) -> CellRecord:
     """A report row for `cell`: its key and where it ran, plus what happened."""
-    return CellRecord(id=cell.id, **cell.key.as_dict(), environment=cell.environment, world_size=cell.world_size,
+    return CellRecord(key=cell.key, environment=cell.environment, world_size=cell.world_size,
                       precision=cell.precision, emulation=fields.pop("emulation", False), status=status.value,
                       message=message, repro=repro,
                       known_issue={"id": cell.known_issue} if cell.known_issue else None, **fields)

@@ -10,6 +10,8 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .cell import CellKey
+
 
 class Status(str, enum.Enum):
     """A cell's raw status: what happened, before any registry says why."""
@@ -115,13 +117,7 @@ class CellRun:
 class CellRecord:
     """One row of `matrix.json` (schema 1): the cell's key, where it ran, its verdict and its story."""
 
-    id: str
-    model: str
-    framework: str
-    plugin: str
-    init: str
-    checkpoint: str
-    freeze: str
+    key: CellKey  # flattened into the row: its id and one field per axis
     environment: str
     world_size: int
     precision: str
@@ -139,18 +135,18 @@ class CellRecord:
     pool_start_s: float | None = None
     known_issue: dict[str, Any] | None = None
 
+    @property
+    def id(self) -> str:
+        return self.key.id
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types; optional fields that are unset are left out."""
-        data = asdict(self)
+        data = {**asdict(self), **self.key.as_dict(), "id": self.id}
+        del data["key"]
         for optional in ("emulated", "pool_start_s", "known_issue"):
             if data[optional] is None:
                 del data[optional]
         return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CellRecord:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def display_status(cell: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from colossalai.accelerator import get_accelerator
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchFSDPPlugin
 from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
+from conftest import ShimProbe
 
 from pytest_freezecompat import models
 from pytest_freezecompat.adapters.base import RunContext
@@ -36,19 +37,10 @@ ADAPTER_MODULE = DECLARATION.implementation_module
 CPU = torch.device("cpu")
 
 
-class Probe:
-    """Records what the shim reports, as the rank's Recorder does."""
-
-    def __init__(self) -> None:
-        self.emulations: list[str] = []
-
-    def emulated(self, what: str) -> None:
-        self.emulations.append(what)
-
 
 @CPU_ONLY
 def test_shim_engages_only_inside_and_restores_everything() -> None:
-    accelerator, probe = get_accelerator(), Probe()
+    accelerator, probe = get_accelerator(), ShimProbe()
     original_check = LowLevelZeroOptimizer.__dict__["_sanity_checks"]
     original_configure = TorchFSDPPlugin.__dict__["configure"]
     with pytest.raises(RuntimeError, match="not supported for cpu accelerator"):
@@ -58,7 +50,7 @@ def test_shim_engages_only_inside_and_restores_everything() -> None:
             pass
         assert LowLevelZeroOptimizer._sanity_checks is not original_check
         assert TorchFSDPPlugin.configure is not original_configure
-    assert probe.emulations == ["CpuAccelerator.current_stream is a no-op", "CpuAccelerator.stream is a no-op"]
+    assert probe.emulated_patches == ["CpuAccelerator.current_stream is a no-op", "CpuAccelerator.stream is a no-op"]
     assert LowLevelZeroOptimizer.__dict__["_sanity_checks"] is original_check
     assert TorchFSDPPlugin.__dict__["configure"] is original_configure
     assert accelerator.name == "cpu"
@@ -69,7 +61,7 @@ def test_shim_engages_only_inside_and_restores_everything() -> None:
 @CPU_ONLY
 def test_emulation_follows_the_cell_shim() -> None:
     for shim in (None, SHIM):
-        ctx: Any = type("Ctx", (), {"probe": Probe(), "device": CPU, "cell": None, "shim": shim})()
+        ctx: Any = type("Ctx", (), {"probe": ShimProbe(), "device": CPU, "cell": None, "shim": shim})()
         with RunContext.emulation(ctx):
             assert ("stream" in get_accelerator().__dict__) == (shim is not None)
     assert "stream" not in get_accelerator().__dict__
@@ -115,7 +107,7 @@ def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
     """ZeRO hides grads: after booster.backward, param.grad is None; optimizer.get_param_grad has the grad."""
     frozen = ("tok_emb", "pos_emb")
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    with SHIM.apply(None, Probe(), CPU):
+    with SHIM.apply(None, ShimProbe(), CPU):
         booster, model, optimizer, view = _boost("low-level-zero-1", frozen)
         booster.backward(models.loss_fn(model(tokens), tokens), optimizer)
         assert all(p.grad is None for p in model.unwrap().parameters())
@@ -131,7 +123,7 @@ def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
 @CPU_ONLY
 @pytest.mark.usefixtures("one_rank_group")
 def test_zero_master_shards_map_back_to_the_params_the_user_chose() -> None:
-    with SHIM.apply(None, Probe(), CPU):
+    with SHIM.apply(None, ShimProbe(), CPU):
         _, model, _, view = _boost("low-level-zero-2", frozen=(), optimized=("blocks.2.", "head."))
     names = [n for n, _ in model.unwrap().named_parameters()]
     assert view.tracked_names() == {n for n in names if n.startswith(("blocks.2.", "head."))}

@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("composer.core")  # a module of the real package, not a namespace folder
 
 import torch
+from conftest import ShimProbe
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -14,13 +15,6 @@ from pytest_freezecompat.adapters.composer import adapter, emulation
 
 CPU = torch.device("cpu")
 
-
-class Probe:
-    def __init__(self) -> None:
-        self.used: list[str] = []
-
-    def emulated(self, what: str) -> None:
-        self.used.append(what)
 
 
 @pytest.mark.parametrize(("plugin", "fsdp"), [("ddp", None), ("fsdp1", "FSDPConfig"), ("fsdp2", "FSDP2Config")])
@@ -41,20 +35,20 @@ def test_fsdp1_variants_set_sharding_and_orig_params() -> None:
 
 
 def test_shim_redirects_cuda_requests_only_inside_and_reports_what_it_used() -> None:
-    probe = Probe()
+    probe = ShimProbe()
     current_device, to_empty = torch.cuda.current_device, nn.Module.to_empty
     with emulation.SHIM.apply(None, probe, CPU):
         assert torch.cuda.current_device() == torch.device("cpu")
         module = nn.Linear(2, 2, device="meta").to_empty(device=f"cuda:{torch.cuda.current_device()}")
         assert module.weight.device.type == "cpu"
         nn.Linear(2, 2, device="meta").to_empty(device="cpu")  # a CPU request is left alone
-    assert sorted(set(probe.used)) == sorted([emulation.CURRENT_DEVICE, emulation.TO_EMPTY])
+    assert sorted(set(probe.emulated_patches)) == sorted([emulation.CURRENT_DEVICE, emulation.TO_EMPTY])
     assert (torch.cuda.current_device, nn.Module.to_empty) == (current_device, to_empty)
 
 
 def test_shim_is_undone_when_the_wrapped_code_raises() -> None:
     to_empty = nn.Module.to_empty
-    with pytest.raises(RuntimeError, match="boom"), emulation.SHIM.apply(None, Probe(), CPU):
+    with pytest.raises(RuntimeError, match="boom"), emulation.SHIM.apply(None, ShimProbe(), CPU):
         raise RuntimeError("boom")
     assert nn.Module.to_empty is to_empty
 

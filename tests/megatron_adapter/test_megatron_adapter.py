@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 import torch.distributed as dist
+from conftest import ShimProbe
 
 from pytest_freezecompat import models
 from pytest_freezecompat.adapters.megatron import DECLARATION
@@ -21,13 +22,6 @@ from pytest_freezecompat.adapters.megatron.emulation import SHIM, TO_CPU
 
 CPU = torch.device("cpu")
 
-
-class Probe:
-    def __init__(self) -> None:
-        self.used: list[str] = []
-
-    def emulated(self, what: str) -> None:
-        self.used.append(what)
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the shim hides on a CPU-only torch")
 
@@ -46,11 +40,11 @@ def test_shim_redirects_cuda_only_while_engaged_and_restores_everything() -> Non
     rng = torch.get_rng_state()
     with pytest.raises((AssertionError, RuntimeError)):
         torch.ones(2, device="cuda")
-    probe = Probe()
+    probe = ShimProbe()
     with SHIM.apply(None, probe, CPU):
-        assert not probe.used  # reported when it engages, not up front
+        assert not probe.emulated_patches  # reported when it engages, not up front
         assert torch.ones(2, device="cuda").device.type == "cpu"
-        assert probe.used == [TO_CPU]
+        assert probe.emulated_patches == [TO_CPU]
         assert torch.zeros(2, device=torch.cuda.current_device()).device.type == "cpu"
         assert torch.zeros(2).cuda().device.type == "cpu"
         assert torch.zeros(2).to("cuda").device.type == "cpu"
@@ -71,7 +65,7 @@ def one_rank_group() -> Iterator[None]:
     store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        with SHIM.apply(None, Probe(), CPU):
+        with SHIM.apply(None, ShimProbe(), CPU):
             mg.ps.initialize_model_parallel(1, 1)
             mg.tensor_parallel.model_parallel_cuda_manual_seed(1)
             try:
