@@ -110,3 +110,41 @@ embedding = ["embedding.*"]
     assert loaded.frameworks["mega"].axes["model"] == ("mcore",)
     assert loaded.models["mcore"] == {"embedding": ("embedding.*",)}
     assert loaded.environments["mega-env"].frameworks == ("mega",)
+
+
+@pytest.mark.parametrize(("axis", "line", "value"), [("plugin", 'plugins = ["ddp"]', "ddpp"),
+                                                      ("init", 'init = ["eager"]', "lazy"),
+                                                      ("checkpoint", 'checkpoint = ["none"]', "framework")])
+def test_a_value_the_adapter_does_not_declare_is_refused_at_load_time(tmp_path, axis, line, value):
+    path = write(tmp_path, GOOD.replace(line, line.replace('"]', f'", "{value}"]')))
+    with pytest.raises(spec.SpecError, match=rf"^{path}:\d+: framework torch: {axis} '{value}' is not offered by "
+                                             r"adapter pytest_freezecompat.adapters.torch_native; valid: "):
+        spec.load(path)
+
+
+def test_an_adapter_without_a_declaration_is_one_line(tmp_path):
+    path = write(tmp_path, GOOD.replace('"pytest_freezecompat.adapters.torch_native"', '"no_such_adapter_pkg"'))
+    with pytest.raises(spec.SpecError, match=r"framework torch: adapter 'no_such_adapter_pkg' cannot be imported"):
+        spec.load(path)
+    path = write(tmp_path, GOOD.replace('"pytest_freezecompat.adapters.torch_native"', '"json"'))
+    with pytest.raises(spec.SpecError, match=r"adapter 'json' has no DECLARATION"):
+        spec.load(path)
+
+
+def test_a_rule_whose_when_matches_no_value_is_a_typo(tmp_path):
+    path = write(tmp_path, GOOD + '[[frameworks.torch.rule]]\nwhen = {plugin = "dpp"}\nskip = "x"\n')
+    with pytest.raises(spec.SpecError, match=r"torch rule 1: `when` plugin 'dpp' matches none of ddp"):
+        spec.load(path)
+
+
+def test_emulation_needs_a_declared_shim(tmp_path):
+    path = write(tmp_path, GOOD + '[[frameworks.torch.rule]]\nwhen = {plugin = "ddp"}\nemulation = true\n')
+    with pytest.raises(spec.SpecError, match=r"`emulation = true`, but the adapter declares no shim"):
+        spec.load(path)
+
+
+def test_a_pattern_may_say_that_a_stack_may_refuse_it(tmp_path):
+    loaded = spec.load(write(tmp_path, GOOD.replace("[freeze.none]", "[freeze.none]\nmay_refuse = true")))
+    assert loaded.patterns["none"].may_refuse and not loaded.patterns["embedding"].may_refuse
+    with pytest.raises(spec.SpecError, match="freeze.none.may_refuse must be true or false"):
+        spec.load(write(tmp_path, GOOD.replace("[freeze.none]", '[freeze.none]\nmay_refuse = "yes"')))

@@ -41,10 +41,11 @@ from ...core.cell import Cell
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, Batch, LossOf, RunContext, apply_freeze
 from ..loop import train
+from . import WRAPPERS
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 64, 8, 16, 2, 4
 #: `<wrapper>-tp<N>` or `<wrapper>-pp<N>`: the parallel layout is part of the plugin id.
-PLUGIN_RE = re.compile(r"^(torch-ddp|megatron-ddp|megatron-ddp-distopt)-(tp|pp)(\d+)$")
+LAYOUT_RE = re.compile(r"^(tp|pp)(\d+)$")
 LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.")
 RECOMPUTE = {"none": {}, "full": {"recompute_granularity": "full", "recompute_method": "uniform",
                                   "recompute_num_layers": 1},
@@ -62,10 +63,11 @@ class Layout:
 
 
 def parse_plugin(plugin: str) -> Layout:
-    match = PLUGIN_RE.match(plugin)
-    if not match:
+    wrapper, _, layout = plugin.rpartition("-")
+    match = LAYOUT_RE.match(layout)
+    if wrapper not in WRAPPERS or not match:
         raise ValueError(f"megatron adapter has no plugin {plugin!r} (expected e.g. megatron-ddp-tp2, torch-ddp-pp2)")
-    wrapper, axis, size = match.group(1), match.group(2), int(match.group(3))
+    axis, size = match.group(1), int(match.group(2))
     return Layout(wrapper, size if axis == "tp" else 1, size if axis == "pp" else 1)
 
 

@@ -1,0 +1,23 @@
+"""The plain data every layer shares: cell keys and report rows."""
+
+import pytest
+
+from pytest_freezecompat.core.cell import CellKey
+from pytest_freezecompat.core.records import STATUSES, CellRecord, Status
+
+KEY = CellKey("tiny-gpt", "torch", "fsdp2", "eager", "none", "embedding")
+
+
+def test_a_cell_id_parses_back_into_its_key():
+    assert KEY.id == "tiny-gpt/torch/fsdp2/eager/none/embedding"
+    assert CellKey.parse(KEY.id) == KEY
+    with pytest.raises(ValueError, match="is not model/framework/plugin/init/checkpoint/freeze"):
+        CellKey.parse("tiny-gpt/torch")
+
+
+def test_a_report_row_flattens_its_key_and_leaves_unset_optional_fields_out():
+    row = CellRecord(key=KEY, environment="torch", world_size=2, precision="fp32", emulation=False,
+                     status=Status.PASS.value, repro="pytest ...").to_json()
+    assert {axis: row[axis] for axis in KEY.as_dict()} == KEY.as_dict() and row["id"] == KEY.id
+    assert "key" not in row and not {"emulated", "pool_start_s", "known_issue"} & set(row)
+    assert row["status"] == "pass" and STATUSES[0] == "pass"
