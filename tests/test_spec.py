@@ -146,5 +146,5 @@ def test_emulation_needs_a_declared_shim(tmp_path):
 def test_a_pattern_may_say_that_a_stack_may_refuse_it(tmp_path):
     loaded = spec.load(write(tmp_path, GOOD.replace("[freeze.none]", "[freeze.none]\nmay_refuse = true")))
     assert loaded.patterns["none"].may_refuse and not loaded.patterns["embedding"].may_refuse
-    with pytest.raises(spec.SpecError, match="freeze.none.may_refuse must be true or false"):
+    with pytest.raises(spec.SpecError, match=r"freeze\.none\.may_refuse must be true or false"):
         spec.load(write(tmp_path, GOOD.replace("[freeze.none]", '[freeze.none]\nmay_refuse = "yes"')))
