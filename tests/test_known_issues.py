@@ -105,18 +105,18 @@ def test_device_selector_and_a_skip_tied_to_an_entry_by_a_rule(tmp_path):
     assert known_issues.match(crashed, gpu, reg)["expected"]
     assert known_issues.match(crashed, {**gpu, "device": "cpu"}, reg) is None
     skipped = cell(framework="colossalai", plugin="gemini", status="skip", message="needs CUDA",
-                   known_issue={"id": "gemini-hook"})
+                   rule_known_issue="gemini-hook")
     assert known_issues.match(skipped, {**gpu, "device": "cpu"}, reg) == {
         "id": "gemini-hook", "link": "https://github.com/hpcaitech/ColossalAI/issues/5290",
         "links": ["https://github.com/hpcaitech/ColossalAI/issues/5290"], "summary": "param-op hook asserts"}
     with pytest.raises(known_issues.KnownIssueError, match="entry nope: field id: no such entry"):
-        known_issues.match({**skipped, "known_issue": {"id": "nope"}}, gpu, reg)
+        known_issues.match({**skipped, "rule_known_issue": "nope"}, gpu, reg)
     with pytest.raises(known_issues.KnownIssueError, match="entry nope"):
         reg.require(["gemini-hook", "nope"])
 
 
 def test_an_entry_named_by_a_rule_explains_failures_outside_its_selector_but_flags_no_pass(tmp_path):
-    named = cell(plugin="ddp", freeze="decoder", message=UNIFORM, known_issue={"id": "fsdp1-uniform"})
+    named = cell(plugin="ddp", freeze="decoder", message=UNIFORM, rule_known_issue="fsdp1-uniform")
     assert known_issues.match(named, ENV, registry(tmp_path))["expected"]
     assert known_issues.match({**named, "status": "pass"}, ENV, registry(tmp_path)) is None
 
@@ -188,3 +188,13 @@ def test_the_shipped_registry_loads_and_covers_every_rule_that_names_an_entry():
                 named.add(rule["known_issue"])
     reg.require(named)
     assert known_issues.default_path().is_file()  # beside the default matrix, packaged or in the checkout
+
+
+def test_a_previous_annotation_does_not_name_an_entry(tmp_path):
+    """Re-matching a report against a registry whose entry no longer selects a cell gives what a fresh run would."""
+    reg = registry(tmp_path)
+    annotated = cell(plugin="ddp", freeze="decoder", message=UNIFORM,
+                     known_issue={"id": "fsdp1-uniform", "link": "https://x", "expected": True})
+    assert known_issues.match(annotated, ENV, reg) is None
+    report = {"environments": {"torch": ENV}, "cells": [{**annotated, "environment": "torch"}]}
+    assert "known_issue" not in known_issues.annotate(report, reg)["cells"][0]

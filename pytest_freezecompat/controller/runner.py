@@ -63,7 +63,7 @@ def _record(cell: Cell, repro: str, status: Status, message: str, **fields: Any)
     return CellRecord(key=cell.key, environment=cell.environment, world_size=cell.world_size,
                       precision=cell.precision, emulation=fields.pop("emulation", False), status=status.value,
                       message=message, repro=repro,
-                      known_issue={"id": cell.known_issue} if cell.known_issue else None, **fields)
+                      rule_known_issue=cell.known_issue, **fields)
 
 
 class MatrixRun:

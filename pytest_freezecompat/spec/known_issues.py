@@ -194,14 +194,18 @@ def load(path: str | Path | None = None) -> Registry:
 def match(cell: dict[str, Any], environment: dict[str, Any], registry: Registry) -> dict[str, Any] | None:
     """The `known_issue` field for a cell record, or None.
 
-    - a `skip` cell whose matrix rule named an entry (`known_issue: {"id": ...}`): that entry's id, link, summary;
+    - a `skip` cell whose matrix rule named an entry (`rule_known_issue`): that entry's id, link, summary;
     - a failing cell (fail/error/crash/timeout) an applicable entry explains: `expected: True` (shown `known`);
     - a passing cell an applicable entry selects: `fixed: True` (shown `fixed?`);
     - anything else: None (a failure nobody explains stays red).
     An entry named by a rule is tried first on a failure, whatever its own selector says; a pass is `fixed?`
     only for an entry whose own selector names the cell (a rule may name an entry for a wider set of cells).
+    Only a rule names an entry: a previous annotation (`known_issue`) never does, so re-matching a report
+    against a changed registry gives what a fresh run would.
     """
-    named = (cell.get("known_issue") or {}).get("id")
+    named = cell.get("rule_known_issue")
+    if named is None and cell["status"] == "skip":  # reports written before the field: a skip's entry is a rule's
+        named = (cell.get("known_issue") or {}).get("id")
     if cell["status"] == "skip":
         return registry.get(named).describe() if named else None
     selecting = [e for e in registry.entries if e.selects(cell, environment) and e.applies_to(environment)]
