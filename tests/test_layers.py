@@ -26,6 +26,8 @@ MAY_IMPORT = {
     "cli": {"spec", "report"},
     "__init__": set(),
 }
+#: What every adapter may share (the rest of `adapters/` is one package per framework).
+SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize")
 #: Modules that a plain `pytest` run (plugin installed, no matrix) or the report tools import: no torch.
 TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "cli", "__init__")
 
@@ -70,6 +72,17 @@ def test_imports_only_flow_down(path: Path) -> None:
     wrong = sorted({name for name in _module_level_imports(path)
                     if (target := _package_layer(name)) is not None and target in MAY_IMPORT and target not in allowed})
     assert not wrong, f"{layer} may import {sorted(allowed)} only"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if len(p.relative_to(PACKAGE).parts) == 3
+                                  and p.relative_to(PACKAGE).parts[0] == "adapters"],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_an_adapter_imports_no_other_adapter(path: Path) -> None:
+    own = path.relative_to(PACKAGE).parts[1]
+    shared = (own, *SHARED_ADAPTER_MODULES)
+    others = [n for n in _module_level_imports(path)
+              if n.startswith("pytest_freezecompat.adapters.") and n.split(".")[2] not in shared]
+    assert not others
 
 
 @pytest.mark.parametrize("path", [p for p in MODULES if _layer(p) in TORCH_FREE or p.name == "__init__.py"],

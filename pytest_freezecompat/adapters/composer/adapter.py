@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from ... import models
 from ..base import AdapterBase, Batch, RunContext, apply_freeze
 from ..loop import StepProbes
-from ..torch_native.adapter import fill_from_full
+from ..materialize import fill_from_full
 from ..views import CHECKPOINT_WRAPPER_INFIXES, DTensorView, FSDP1View, ParamView
 from . import DEFAULT_OPTIMIZER_SUFFIX
 

@@ -23,13 +23,14 @@ try:
 except ImportError:  # torch < 2.6 keeps FSDP2 here
     from torch.distributed._composable.fsdp import fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ... import models
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, RunContext, apply_freeze
 from ..loop import train
+from ..materialize import fill_from_full
 from ..views import DTensorView, FSDP1View, ParamView, optimizer_params
 
 
@@ -70,17 +71,6 @@ def _materialize_dtensors(model: nn.Module, seed: int, device: torch.device) -> 
     with torch.no_grad():
         for name, param in model.named_parameters():
             fill_from_full(param, models.deterministic_values(seed, name, param.shape))
-
-
-def fill_from_full(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a full tensor's values into `param`, or into this rank's shard of it when it is a DTensor."""
-    full = full.to(param.dtype)
-    if isinstance(param, DTensor):
-        local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements,
-                                  src_data_rank=None).to_local()
-        param.to_local().copy_(local)
-    else:
-        param.copy_(full.to(param.device))
 
 
 def _ddp(ctx: RunContext, model: nn.Module, plan: FreezePlan, find_unused: bool) -> _Loop:
