@@ -105,6 +105,10 @@ class RunContext:
         rows = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
         return {k: v[rows].to(self.device) for k, v in self.batches[step].items()}
 
+    def eager_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers of the bare model built for real on the CPU: what a meta model's buffers must hold."""
+        return {name: buffer.detach() for name, buffer in self.build_model(device="cpu").named_buffers()}
+
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         h = self.cell.hyper
         return torch.optim.AdamW(params, lr=h.lr, betas=h.betas, eps=h.eps, weight_decay=h.weight_decay)

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from ... import models
 from ..base import AdapterBase, Batch, RunContext, apply_freeze
 from ..loop import StepProbes
-from ..materialize import fill_from_full
+from ..materialize import MetaInit
 from ..views import CHECKPOINT_WRAPPER_INFIXES, DTensorView, FSDP1View, ParamView
 from . import DEFAULT_OPTIMIZER_SUFFIX
 
@@ -149,22 +149,6 @@ class _Probes(Callback):
         self.step += 1
 
 
-def _param_init_fn(model: nn.Module, seed: int) -> Callable[[nn.Module], None]:
-    """The `param_init_fn` a deferred-init user gives Composer: fill one module's own params.
-
-    Composer calls it per module: FSDP1 before flattening (plain tensors), FSDP2 after
-    sharding (DTensors, each rank fills its shard); values depend only on the param's name.
-    """
-    prefixes = {module: f"{name}." if name else "" for name, module in model.named_modules()}
-
-    @torch.no_grad()
-    def init(module: nn.Module) -> None:
-        for name, param in module.named_parameters(recurse=False):
-            fill_from_full(param, models.deterministic_values(seed, prefixes[module] + name, param.shape))
-
-    return init
-
-
 def _trainer(ctx: RunContext, shell: _Shell, optimizer: torch.optim.Optimizer | None,
              parallelism: dict[str, Any] | None) -> Trainer:
     """A Trainer that writes, downloads and logs nothing: no loggers, progress bars, checkpoints or autoresume."""
@@ -203,7 +187,9 @@ class ComposerAdapter(AdapterBase):
         blocks = set(models.block_modules(model))
         model.fsdp_wrap_fn = model.activation_checkpointing_fn = lambda module: module in blocks
         if meta:
-            model.param_init_fn = _param_init_fn(model, ctx.cell.hyper.seed)
+            # Composer calls it per module after to_empty: FSDP1 before flattening (plain tensors), FSDP2 after
+            # sharding (DTensors, each rank fills its shard).
+            model.param_init_fn = MetaInit(model, ctx.cell.hyper.seed, ctx.eager_buffers())
         ctx.probe.phase("build optimizer")
         optimizer = None if default_optimizer else ctx.make_optimizer(
             [p for n, p in model.named_parameters() if n in plan.optimized])

@@ -30,7 +30,7 @@ from ... import models
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, RunContext, apply_freeze
 from ..loop import train
-from ..materialize import fill_from_full
+from ..materialize import MetaInit
 from ..views import DTensorView, FSDP1View, ParamView, optimizer_params
 
 
@@ -65,18 +65,14 @@ class _Loop:
         raise AssertionError("torch wrappers clip before step()")
 
 
-def _materialize_dtensors(model: nn.Module, seed: int, device: torch.device) -> None:
-    """Meta init under FSDP2: allocate the local shards, then fill each from the deterministic init."""
-    model.to_empty(device=device)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            fill_from_full(param, models.deterministic_values(seed, name, param.shape))
+def _meta_init(ctx: RunContext, model: nn.Module) -> MetaInit:
+    return MetaInit(model, ctx.cell.hyper.seed, ctx.eager_buffers())
 
 
 def _ddp(ctx: RunContext, model: nn.Module, plan: FreezePlan, find_unused: bool) -> _Loop:
     if ctx.cell.key.init == "meta":
         model.to_empty(device=ctx.device)
-        models.init_weights(model, ctx.cell.hyper.seed)
+        _meta_init(ctx, model).all(model)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     wrapped = DDP(model, device_ids=device_ids, find_unused_parameters=find_unused)
     optimizer = ctx.make_optimizer(optimizer_params(wrapped.module, plan.optimized))
@@ -85,8 +81,16 @@ def _ddp(ctx: RunContext, model: nn.Module, plan: FreezePlan, find_unused: bool)
 
 
 def _fsdp1(ctx: RunContext, model: nn.Module, plan: FreezePlan, orig_params: bool) -> _Loop:
+    param_init_fn = None
+    if ctx.cell.key.init == "meta":  # FSDP1 would call reset_parameters(), which not every module has
+        meta_init = _meta_init(ctx, model)
+
+        def param_init_fn(module: nn.Module) -> None:
+            module.to_empty(device=ctx.device, recurse=False)
+            meta_init(module)
+
     wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(m) for m in models.block_modules(model)}),
-                   use_orig_params=orig_params, device_id=ctx.device)
+                   use_orig_params=orig_params, device_id=ctx.device, param_init_fn=param_init_fn)
     optimizer = ctx.make_optimizer(optimizer_params(wrapped, plan.optimized))
     return _Loop(ctx, wrapped, FSDP1View(wrapped, optimizer), optimizer, "returned by FSDP.clip_grad_norm_")
 
@@ -95,8 +99,9 @@ def _fsdp2(ctx: RunContext, model: nn.Module, plan: FreezePlan) -> _Loop:
     for block in models.block_modules(model):
         fully_shard(block)
     wrapped = fully_shard(model)
-    if ctx.cell.key.init == "meta":
-        _materialize_dtensors(wrapped, ctx.cell.hyper.seed, ctx.device)
+    if ctx.cell.key.init == "meta":  # allocate the local shards, then fill each from the deterministic init
+        wrapped.to_empty(device=ctx.device)
+        _meta_init(ctx, wrapped).all(wrapped)
     optimizer = ctx.make_optimizer(optimizer_params(wrapped, plan.optimized))
     return _Loop(ctx, wrapped, DTensorView(wrapped, optimizer), optimizer,
                  "returned by torch.nn.utils.clip_grad_norm_ (DTensor)")
