@@ -48,8 +48,8 @@ def _matrix_session(name: str, pins: list[str]) -> None:
     @nox.session(name=f"matrix-{name}", tags=["matrix"])
     def matrix(session: nox.Session) -> None:
         _install(session, pins)
-        frozen = session.run("python", "-m", "pip", "freeze", silent=True)
-        if frozen:  # None under --install-only
+        frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+        if frozen:  # None under --install-only; the editable line (this checkout's path) is left out
             (SHARDS / name).mkdir(parents=True, exist_ok=True)
             (SHARDS / name / "pip-freeze.txt").write_text(frozen)
         # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).

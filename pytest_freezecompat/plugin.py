@@ -127,6 +127,8 @@ class MatrixItem(pytest.Item):
             record = excinfo.value.args[0]
             lines = [f"{record['status'].upper()}" + (f" [{record['check']}]" if record.get("check") else "")
                      + f": {record['message']}"]
+            # Every other failed check too: a cell can fail the optimizer set *and* move a frozen param.
+            lines += [f"also [{failure['check']}]: {failure['message']}" for failure in record.get("failures", [])[1:]]
             for rank in record.get("rank_details", []):
                 if "stack" in rank or "exit" in rank or "log_tail" in rank:
                     lines.append(f"--- rank {rank['rank']} ({rank.get('exit') or rank['phase']}) ---")

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.cell import Cell
 from ..core.messages import RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell, Stop
+from ..core.names import short_paths
 from ..core.records import CellRun, Outcome, RankState
 
 #: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
@@ -241,5 +242,5 @@ class RankPool:
             if proc.poll() is not None:
                 state.exit = _describe_exit(proc.returncode)
             elif state.record is None:
-                state.stack = stack_path.read_text(errors="replace") if stack_path.exists() else ""
-            state.log_tail = _tail(log_path)
+                state.stack = short_paths(stack_path.read_text(errors="replace")) if stack_path.exists() else ""
+            state.log_tail = short_paths(_tail(log_path))

@@ -117,6 +117,7 @@ class MatrixRun:
         verdict = checks.judge(run, cell, self.options.timeout_s)
         facts = checks.run_facts(run, cell)
         record = _record(cell, repro, verdict.status, verdict.message, check=verdict.check,
+                         failures=[failure.to_json() for failure in verdict.failures],
                          notes=run.notes + verdict.notes, rank_details=checks.rank_details(run),
                          duration_s=round(time.perf_counter() - started, 3),
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3), **facts)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 #: An axis value, pattern id, case name or registry id: lowercase letters, digits and '-'.
@@ -32,3 +34,18 @@ def ref_of(obj: Any) -> str:
     if not callable(obj) or "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(f"{obj!r} must be a module-level function or class, so rank processes can import it")
     return f"{obj.__module__}:{qualname}"
+
+
+#: Where installed packages live (any environment) and where this package lives: published text names
+#: files relative to these, so a report carries no path of the machine that ran it.
+_SITE_PACKAGES = re.compile(r"(?:/[^\s\"'(),:]+)?/(?:site|dist)-packages/")
+_ROOTS = sorted({str(Path(__file__).resolve().parents[2]) + "/", sys.base_prefix.rstrip("/") + "/lib/",
+                 sys.prefix.rstrip("/") + "/lib/"}, key=len, reverse=True)
+
+
+def short_paths(text: str) -> str:
+    """`/x/.nox/env/lib/python3.11/site-packages/torch/a.py` -> `torch/a.py`; the checkout's own files likewise."""
+    text = _SITE_PACKAGES.sub("", text)
+    for root in _ROOTS:
+        text = text.replace(root, "")
+    return text

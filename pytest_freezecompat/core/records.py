@@ -124,8 +124,10 @@ class CellRecord:
     emulation: bool
     status: str
     repro: str
-    check: str | None = None
+    check: str | None = None  # the earliest failed check
     message: str = ""
+    #: Every failed check, earliest first: {check, step, message, params}.
+    failures: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     grad_access: str | None = None
     grad_norm_source: str | None = None

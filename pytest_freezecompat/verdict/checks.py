@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..core.cell import Cell
+from ..core.messages import RENDEZVOUS_PHASE
 from ..core.names import CHECKS
 from ..core.records import CellRun, Outcome, RankRecord, Status, StepFacts
 
@@ -49,12 +50,46 @@ DETAIL_CHARS = 4000
 REFUSAL_NOTE = "refused before the first step"
 
 
+@dataclass(frozen=True)
+class Problem:
+    """What one check found at one step, and the params it names (all of them, unabridged)."""
+
+    text: str
+    params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckFailure:
+    check: str
+    step: int  # -1: before the first step (requires_grad, optimizer)
+    message: str
+    params: tuple[str, ...]
+    #: It names a param the pattern holds fixed (frozen, or outside the optimizer): freezing is involved.
+    on_held_params: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check, "step": self.step, "message": self.message, "params": list(self.params),
+                "on_held_params": self.on_held_params}
+
+
 @dataclass
 class Verdict:
     status: Status
-    check: str | None = None
+    check: str | None = None  # the earliest failed check: the likely root cause
     message: str = ""
     notes: list[str] = field(default_factory=list)
+    failures: list[CheckFailure] = field(default_factory=list)  # every failed check, earliest first
+    #: Our own code raised (harness, probes, reference), not the stack: the cell says nothing about the stack.
+    harness: bool = False
+
+
+#: The phases our own code runs in (the pool's rendezvous, the probes' reads, the reference, the scenario's setup).
+HARNESS_PHASES = (RENDEZVOUS_PHASE, "setup", "read state after wrap", "reference")
+HARNESS_PHASE_SUFFIXES = (": read grads", ": read params")
+
+
+def is_harness_phase(phase: str) -> bool:
+    return phase in HARNESS_PHASES or phase.endswith(HARNESS_PHASE_SUFFIXES)
 
 
 def _names(names: Iterable[str]) -> str:
@@ -67,16 +102,18 @@ def _clip(text: str) -> str:
     return text if len(text) <= DETAIL_CHARS else "..." + text[-DETAIL_CHARS:]
 
 
-def _check_flags(records: list[RankRecord], trainable: set[str]) -> str | None:
-    changed = set()
+def _check_flags(records: list[RankRecord], trainable: set[str]) -> Problem | None:
+    changed: dict[str, str] = {}
     for record in records:
         for name, flag in (record.requires_grad or {}).items():
             if flag != (name in trainable):
-                changed.add(f"{name} ({name in trainable}->{flag})")
-    return f"requires_grad changed by wrapping: {_names(changed)}" if changed else None
+                changed[name] = f"{name} ({name in trainable}->{flag})"
+    if not changed:
+        return None
+    return Problem(f"requires_grad changed by wrapping: {_names(changed.values())}", tuple(sorted(changed)))
 
 
-def _check_tracked(records: list[RankRecord], optimized: set[str]) -> str | None:
+def _check_tracked(records: list[RankRecord], optimized: set[str]) -> Problem | None:
     tracked = set().union(*(set(r.tracked or ()) for r in records))
     extra, missing = tracked - optimized, optimized - tracked
     parts = []
@@ -84,11 +121,13 @@ def _check_tracked(records: list[RankRecord], optimized: set[str]) -> str | None
         parts.append(f"optimizer tracks {len(extra)} unintended: {_names(extra)}")
     if missing:
         parts.append(f"optimizer misses {len(missing)}: {_names(missing)}")
-    return "; ".join(parts) or None
+    return Problem("; ".join(parts), tuple(sorted(extra | missing))) if parts else None
 
 
-def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Tolerance, notes: list[str]) -> str | None:
+def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Tolerance,
+                 notes: list[str]) -> Problem | None:
     missing, zeroed, spurious, partial, nonfinite, differ, zero_filled = [], [], [], [], [], [], []
+    named: list[str] = []
     for name, want in ref.items():
         have = got.get(name)
         if want is None:
@@ -99,40 +138,44 @@ def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Toler
             missing.append(name)
         elif have.shape != want.shape:
             partial.append(f"{name} {tuple(have.shape)} != {tuple(want.shape)}")
+            named.append(name)
         elif not np.all(np.isfinite(have)):
             nonfinite.append(name)
         elif not np.any(have) and np.any(want):
             zeroed.append(name)
         elif not np.allclose(have, want, rtol=tol.grad_rtol, atol=tol.grad_atol):
             differ.append(f"{name} (max abs diff {np.max(np.abs(have - want)):.2e})")
+            named.append(name)
     if zero_filled:
         notes.append(f"step {step}: zero-filled grad where the reference has none: {_names(zero_filled)}")
     problems = [(missing, "no grad on trainable"), (zeroed, "all-zero grad where the reference has one"),
                 (spurious, "grad on param that should get none"),
                 (partial, "grad not full"), (nonfinite, "non-finite grad"), (differ, "grad differs from reference")]
     found = [f"{what}: {_names(names)}" for names, what in problems if names]
-    return f"step {step}: " + "; ".join(found) if found else None
+    params = sorted({*missing, *zeroed, *spurious, *nonfinite, *named})
+    return Problem(f"step {step}: " + "; ".join(found), tuple(params)) if found else None
 
 
-def _check_norm(step: int, got: StepFacts, want: float, tol: Tolerance, notes: list[str]) -> str | None:
+def _check_norm(step: int, got: StepFacts, want: float, tol: Tolerance, notes: list[str]) -> Problem | None:
     norm, source = got.norm, got.norm_source or "?"
     if norm is None:
         notes.append(f"step {step}: grad norm not verified: {source}")
         return None
     if not np.isclose(norm, want, rtol=tol.norm_rtol, atol=1e-7):
-        return f"step {step}: grad norm {norm:.6g} ({source}) != reference {want:.6g}"
+        return Problem(f"step {step}: grad norm {norm:.6g} ({source}) != reference {want:.6g}", ())
     return None
 
 
 def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: dict[str, Any],
-                  tol: Tolerance, quiet: dict[str, np.ndarray], lr: float) -> str | None:
+                  tol: Tolerance, quiet: dict[str, np.ndarray], lr: float) -> Problem | None:
     """`quiet` marks elements whose reference grad sat under the grad tolerance at some step so far:
     there Adam's first steps are about sign(grad) * lr, so rounding noise may flip them (up to 2 lr a step)."""
-    moved_frozen, differ = [], []
+    moved_frozen, differ, named = [], [], []
     for name, want in ref.items():
         have = got.get(name)
         if have is None or have.shape != want.shape:
             differ.append(f"{name} (missing or wrong shape)")
+            named.append(name)
         elif np.array_equal(want, before[name]):
             if not np.array_equal(have, before[name]):
                 moved_frozen.append(name)
@@ -143,12 +186,14 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
                 off &= ~(quiet[name] & (diff <= ADAM_FLIP_STEPS * lr * (step + 1)))
             if off.any():
                 differ.append(f"{name} (max abs diff {np.max(diff[off]):.2e})")
+                named.append(name)
     found = []
     if moved_frozen:
         found.append(f"param that must stay fixed changed: {_names(moved_frozen)}")
     if differ:
         found.append(f"update differs from reference: {_names(differ)}")
-    return f"step {step}: " + "; ".join(found) if found else None
+    params = tuple(sorted({*moved_frozen, *named}))
+    return Problem(f"step {step}: " + "; ".join(found), params) if found else None
 
 
 def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = False,
@@ -165,23 +210,24 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         text = f"{err.type}: {err.message} (rank {err.rank}, {err.phase}, {err.where})"
         if may_refuse and err.step is None:
             return Verdict(Status.PASS, None, f"{REFUSAL_NOTE}: {text}")
-        return Verdict(Status.ERROR, None, text)
+        return Verdict(Status.ERROR, None, text, harness=is_harness_phase(err.phase))
     lead = records[0]
     if lead.reference is None or lead.plan is None or lead.initial is None:
-        return Verdict(Status.ERROR, None, "the adapter finished without reporting its state (no probe.wrapped call)")
+        return Verdict(Status.ERROR, None, "the adapter finished without reporting its state (no probe.wrapped call)",
+                       harness=True)
     plan = lead.plan
     notes: list[str] = [] if lead.init_matches_eager else [
         "values after wrapping differ from eager init (materialization or a cast at wrap; training is judged "
         "from the values after wrapping)"]
     tol = dataclasses.replace(TOLERANCES[precision], **(tolerance or {}))
-    failures: list[tuple[int, str, str]] = []  # (step, check, problem); -1 = before the first step
+    failures: list[tuple[int, str, Problem]] = []  # (step, check, problem); -1 = before the first step
     for check, problem in (("requires_grad", _check_flags(records, set(plan.trainable))),
                            ("optimizer", _check_tracked(records, set(plan.optimized)))):
         if problem:
             failures.append((-1, check, problem))
     ref_steps = lead.reference
     if len(lead.steps) < len(ref_steps):
-        failures.append((len(lead.steps), "update", f"ran {len(lead.steps)} of {len(ref_steps)} steps"))
+        failures.append((len(lead.steps), "update", Problem(f"ran {len(lead.steps)} of {len(ref_steps)} steps", ())))
     before = lead.initial
     quiet: dict[str, np.ndarray] = {}
     for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
@@ -199,8 +245,18 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     if not failures:
         return Verdict(Status.PASS, None, "", notes)
     # The earliest step's first check is the root cause; later steps' problems of that check follow it.
-    first = min(failures, key=lambda f: (f[0], CHECKS.index(f[1])))[1]
-    return Verdict(Status.FAIL, first, " | ".join(p for _, c, p in failures if c == first), notes)
+    # Every failed check is kept, each with every param it named at any step.
+    failures.sort(key=lambda f: (f[0], CHECKS.index(f[1])))
+    held = (set(plan.names) - set(plan.trainable)) | (set(plan.names) - set(plan.optimized))
+    by_check: dict[str, CheckFailure] = {}
+    for step, check, problem in failures:
+        known = by_check.get(check)
+        params = problem.params if known is None else tuple(sorted({*known.params, *problem.params}))
+        by_check[check] = CheckFailure(check, step if known is None else known.step,
+                                       problem.text if known is None else f"{known.message} | {problem.text}",
+                                       params, bool(held & set(params)))
+    first = next(iter(by_check.values()))
+    return Verdict(Status.FAIL, first.check, first.message, notes, list(by_check.values()))
 
 
 def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:
@@ -211,7 +267,8 @@ def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:
                              cell.tolerance, lr)
     if run.outcome is Outcome.TIMEOUT:
         phases = "; ".join(f"rank {s.rank}: {s.phase}" for s in run.ranks)
-        return Verdict(Status.TIMEOUT, None, f"no result within {timeout_s:.0f} s ({phases})")
+        return Verdict(Status.TIMEOUT, None, f"no result within {timeout_s:.0f} s ({phases})",
+                       harness=all(is_harness_phase(s.phase) for s in run.ranks))
     if run.outcome is Outcome.CRASH:
         dead = [s for s in run.ranks if s.exit]
         text = "; ".join(f"rank {s.rank} {s.exit} during {s.phase}" for s in dead) or "a rank closed its pipe"
@@ -219,7 +276,7 @@ def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:
     failed = next(s.record for s in run.ranks if s.record is not None and s.record.error is not None)
     stuck = ", ".join(f"rank {s.rank} ({s.phase})" for s in run.ranks if s.record is None)
     base = judge_records([failed], cell.precision, may_refuse)
-    return Verdict(Status.ERROR, None, f"{base.message}; left waiting: {stuck}")
+    return Verdict(Status.ERROR, None, f"{base.message}; left waiting: {stuck}", harness=base.harness)
 
 
 def run_facts(run: CellRun, cell: Cell) -> dict[str, Any]:

@@ -67,7 +67,8 @@ class PlainView(ParamView):
     """TorchDDP and HybridParallel zero 0: full params and all-reduced grads sit on the bare model."""
 
     def __init__(self, model: Any, optimizer: Any) -> None:
-        super().__init__(model.unwrap(), optimizer)
+        # unwrap_peft=False: a peft model keeps its own names (`base_model.model.*`), the names the cell froze by.
+        super().__init__(model.unwrap(unwrap_peft=False), optimizer)
         self.model = model
 
 

@@ -73,6 +73,18 @@
     if (c.duration_s !== undefined) add(dl, 'duration', c.duration_s + ' s');
     body.append(dl);
     pre(body, c.status === 'skip' ? 'reason' : 'message', c.message);
+    if ((c.failures || []).length > 1) {
+      const ul = el('ul');
+      c.failures.forEach(f => {
+        const li = el('li');
+        li.append(el('strong', f.check + (f.step >= 0 ? ' (from step ' + f.step + ')' : '')));
+        li.append(el('span', ': ' + f.message));
+        if ((f.params || []).length) li.append(el('div', 'params: ' + f.params.join(', ')));
+        ul.append(li);
+      });
+      body.append(el('h3', 'every failed check'), ul);
+    }
+    if (c.cause) add(dl, 'cause', c.cause);
     const k = c.known_issue;
     if (k && k.id) {
       body.append(el('h3', 'known issue'));
