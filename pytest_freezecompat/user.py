@@ -29,6 +29,7 @@ from .spec.plan import UserCase
 from .verdict.checks import Tolerance
 
 CASE_ATTRIBUTE = "__freeze_case__"
+CONTROL = "none"
 PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused")
 
 PatternSpec = Mapping[str, Sequence[str]] | Callable[[str], bool]
@@ -116,10 +117,12 @@ def build_case(decl: CaseDeclaration) -> UserCase:
     if not isinstance(model, nn.Module):
         raise CaseError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
     names = [n for n, _ in model.named_parameters()]
-    patterns: dict[str, FreezePattern] = {}
-    groups: dict[str, tuple[str, ...]] = {}
     if not decl.patterns:
         raise CaseError("no freeze pattern declared")
+    # The control of every column: nothing frozen. A red cell whose control fails the same way is the
+    # stack's failure, not freezing's (the verdict's `cause`).
+    patterns: dict[str, FreezePattern] = {CONTROL: FreezePattern(CONTROL, description="nothing frozen (control)")}
+    groups: dict[str, tuple[str, ...]] = {}
     for pid, spec in decl.patterns.items():
         pattern, pattern_groups = _pattern(pid, spec)
         try:

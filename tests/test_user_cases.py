@@ -51,9 +51,10 @@ def test_ordinary():
 def test_declared_cells_run_with_plain_pytest_and_land_in_the_report(pytester, run_user):
     pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}, "body-only": body_only}'))
     result, report = run_user()
-    result.assert_outcomes(passed=3)  # two cells and the ordinary test
+    result.assert_outcomes(passed=4)  # two cells, their nothing-frozen control and the ordinary test
     assert sorted(c["id"] for c in report["cells"]) == ["small-net/torch/ddp/eager/none/body-only",
-                                                        "small-net/torch/ddp/eager/none/head-only"]
+                                                        "small-net/torch/ddp/eager/none/head-only",
+                                                        "small-net/torch/ddp/eager/none/none"]
     assert {c["status"] for c in report["cells"]} == {"pass"}
     assert report["cells"][0]["repro"].startswith("pytest test_mine.py::small_net::small-net/torch/ddp")
 
@@ -61,7 +62,7 @@ def test_declared_cells_run_with_plain_pytest_and_land_in_the_report(pytester, r
 def test_keyword_selection_reaches_user_cells(pytester, run_user):
     pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}, "body-only": body_only}'))
     result, _ = run_user("-k", "body")
-    result.assert_outcomes(passed=1, deselected=2)
+    result.assert_outcomes(passed=1, deselected=3)
 
 
 @pytest.mark.parametrize(("patterns", "narrow", "message"), [
