@@ -13,6 +13,7 @@ from pathlib import Path
 from .report import diff, schema, write
 from .report.merge import merge
 from .spec import known_issues
+from .verdict import cause
 
 #: Exit codes: 0 fine, 1 `diff` found a regression, 2 a file or argument we cannot use.
 REGRESSION_EXIT = 1
@@ -24,6 +25,7 @@ def _merge(args: argparse.Namespace) -> int:
     report = merge(shards)
     if args.known_issues:
         known_issues.annotate(report, known_issues.load(args.known_issues))
+    cause.assign(report["cells"])  # controls may sit in another shard
     write.write(Path(args.output), report)
     print(f"merged {len(report['cells'])} cells from {len(shards)} shard(s) into {args.output}/matrix.json")
     return 0

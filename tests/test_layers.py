@@ -23,7 +23,7 @@ MAY_IMPORT = {
     "rank": {"adapters", "models"},
     "plugin": set(),  # the controller and the user API only inside functions
     "user": {"spec", "verdict"},
-    "cli": {"spec", "report"},
+    "cli": {"spec", "report", "verdict"},
     "__init__": set(),
 }
 #: What every adapter may share (the rest of `adapters/` is one package per framework).

@@ -20,7 +20,7 @@ from ..report import schema, write
 from ..spec import known_issues
 from ..spec.matrix import Spec, default_spec_path
 from ..spec.plan import Selection, UserCase, plan, user_cells
-from ..verdict import checks
+from ..verdict import cause, checks
 from .pool import PoolError, RankPool
 
 #: Report on disk at least this often during a run, so a killed run still leaves most of it.
@@ -118,6 +118,7 @@ class MatrixRun:
         facts = checks.run_facts(run, cell)
         record = _record(cell, repro, verdict.status, verdict.message, check=verdict.check,
                          failures=[failure.to_json() for failure in verdict.failures],
+                         cause="harness" if verdict.harness else None,
                          notes=run.notes + verdict.notes, rank_details=checks.rank_details(run),
                          duration_s=round(time.perf_counter() - started, 3),
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3), **facts)
@@ -157,5 +158,6 @@ class MatrixRun:
         if not self.results:
             return None
         self._last_write = time.monotonic()
-        report = write.build(self.environments(), list(self.results.values()))
+        rows = cause.assign([dict(row) for row in self.results.values()])
+        report = write.build(self.environments(), rows)
         return write.write(self.options.report_dir, report, self_ignoring=self.options.report_dir_is_default)

@@ -135,6 +135,8 @@ class CellRecord:
     duration_s: float = 0.0
     emulated: list[str] | None = None
     pool_start_s: float | None = None
+    #: Why it is red (`verdict.cause`): freeze / stack / both / harness; set where the report is written.
+    cause: str | None = None
     #: The registry entry a matrix rule names for this cell (the registry decides whether it explains it).
     rule_known_issue: str | None = None
     known_issue: dict[str, Any] | None = None  # filled by `spec.known_issues.annotate_cell`
@@ -147,7 +149,7 @@ class CellRecord:
         """Plain JSON types; optional fields that are unset are left out."""
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
-        for optional in ("emulated", "pool_start_s", "rule_known_issue", "known_issue"):
+        for optional in ("emulated", "pool_start_s", "cause", "rule_known_issue", "known_issue"):
             if data[optional] is None:
                 del data[optional]
         return data

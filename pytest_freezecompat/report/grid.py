@@ -16,6 +16,8 @@ from ..core.records import STATUSES, display_status
 Cell = dict[str, Any]
 #: Summary columns: raw statuses, then the registry's verdicts on some of them.
 DISPLAY_STATUSES = (*STATUSES, "known", "fixed?")
+#: Why red cells are red (`verdict.cause`), counted apart: does freezing break this stack?
+CAUSES = ("freeze", "stack", "both", "harness")
 _KEY_FIELDS = ("framework", "model", "init", "freeze", "plugin", "checkpoint")
 
 
@@ -55,6 +57,7 @@ class Section:
     checkpoints: tuple[str, ...]
     blocks: tuple[Block, ...]
     counts: Counter[str]  # raw statuses, plus `known` / `fixed?` for the cells the registry explains or flags
+    causes: Counter[str]  # red cells by cause
     cells: int
     grad_access: tuple[GradAccess, ...]
 
@@ -95,7 +98,9 @@ def _section(framework: str, cells: list[Cell]) -> Section:
                 Column(plugin, tuple(index.get((framework, model, init, freeze, plugin, ck)) for ck in checkpoints))
                 for plugin in plugins)) for freeze in freezes)
             blocks.append(Block(model, init, rows))
-    return Section(framework, plugins, checkpoints, tuple(blocks), _counts(cells), len(cells), _grad_access(cells))
+    causes = Counter(cell["cause"] for cell in cells if cell.get("cause"))
+    return Section(framework, plugins, checkpoints, tuple(blocks), _counts(cells), causes, len(cells),
+                   _grad_access(cells))
 
 
 def sections(cells: list[Cell]) -> list[Section]:

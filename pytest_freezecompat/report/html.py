@@ -53,9 +53,11 @@ def _button(cell: dict[str, Any]) -> str:
         title += f" ({display}: {cell['known_issue']['id']})"
     if cell.get("emulation"):
         title += " · emulated"
+    if cell.get("cause"):
+        title += f" · cause: {cell['cause']}"
     attrs = {"class": classes, "type": "button", "data-id": cell["id"], "data-framework": cell["framework"],
              "data-plugin": cell["plugin"], "data-freeze": cell["freeze"], "data-status": cell["status"],
-             "data-display": display, "title": title, "aria-label": title}
+             "data-display": display, "data-cause": cell.get("cause") or "", "title": title, "aria-label": title}
     rendered = " ".join(f'{name}="{escape(str(value), quote=True)}"' for name, value in attrs.items())
     return f"<button {rendered}>{escape(GLYPHS[cell['status']])}</button>"
 
@@ -108,9 +110,10 @@ def _environments(report: dict[str, Any]) -> list[str]:
 def _counts(sections: list[grid.Section]) -> list[str]:
     """Raw statuses per framework, then how many of them the known-issue registry explains or flags."""
     head = "".join(f'<th><span class="swatch {_css_class(s)}"></span> {escape(s)}</th>'
-                   for s in grid.DISPLAY_STATUSES)
+                   for s in grid.DISPLAY_STATUSES) + "".join(f"<th>red: {c}</th>" for c in grid.CAUSES)
     rows = [f"<tr><td>{escape(section.framework)}</td>"
             + "".join(f"<td>{section.counts[s]}</td>" for s in grid.DISPLAY_STATUSES)
+            + "".join(f"<td>{section.causes[c]}</td>" for c in grid.CAUSES)
             + f"<td>{section.cells}</td></tr>" for section in sections]
     return [f'<table class="counts"><thead><tr><th>framework</th>{head}<th>cells</th></tr></thead><tbody>', *rows,
             "</tbody></table>"]
@@ -127,7 +130,10 @@ def _legend() -> str:
                     f"{escape(s)}: {escape(DISPLAY_HELP[s])}</span>" for s in grid.DISPLAY_STATUSES)
     return (f'<div class="legend">{items}<span><span class="swatch d-pass emu">✓</span>E: ran its real logic on '
             "CPU behind a CUDA-on-CPU shim (emulation)</span><span>The glyph is the raw status; a "
-            "<code>known</code> square shows ✗ or ! on amber. Click a square for its details.</span></div>")
+            "<code>known</code> square shows ✗ or ! on amber. Cause (filter above): <em>freeze</em>, the cell "
+            "fails where its nothing-frozen control passes, or on a frozen param; <em>stack</em>, the control "
+            "fails the same way; "
+            "<em>both</em>; <em>harness</em>, our own code raised. Click a square for its details.</span></div>")
 
 
 def render(report: dict[str, Any]) -> str:
@@ -136,7 +142,8 @@ def render(report: dict[str, Any]) -> str:
     statuses = [s for s in grid.DISPLAY_STATUSES if any(s in section.counts for section in sections)]
     filters = [_select("framework", [section.framework for section in sections]),
                _select("plugin", grid.distinct(cells, "plugin")), _select("freeze", grid.distinct(cells, "freeze")),
-               _select("status", statuses)]
+               _select("status", statuses),
+               _select("cause", [c for c in grid.CAUSES if any(section.causes[c] for section in sections)])]
     grids: list[str] = []
     for section in sections:
         grids += [f'<section class="framework" data-framework="{escape(section.framework, quote=True)}">'

@@ -18,6 +18,13 @@ EMULATION_MARK = "ᴱ"
 #: Beside the raw status symbol, which stays visible: a known upstream issue explains it / a known issue expected
 #: it to break but it passed.
 REGISTRY_MARKS = {"known": "ᴷ", "fixed?": "ᶠ"}
+#: Why a red cell is red, compared with its column's nothing-frozen control.
+CAUSE_MARKS = {"freeze": "❄", "stack": "ˢ", "both": "ᵇ", "harness": "ʰ"}
+CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / non-optimized param or the optimizer "
+                        "set is wrong)",
+              "stack": "the stack fails the same way with nothing frozen",
+              "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
+              "harness": "our own harness raised: says nothing about the stack"}
 ABSENT = "·"
 MESSAGE_CHARS = 300
 
@@ -27,7 +34,9 @@ def _legend() -> str:
     return (f"Legend: {items} · {EMULATION_MARK} ran its real logic on CPU behind a CUDA-on-CPU shim (emulation) · "
             f"{REGISTRY_MARKS['known']} `known`: fails the way a known upstream issue says (listed under Known "
             f"issues; an xfail in pytest) · {REGISTRY_MARKS['fixed?']} `fixed?`: passed though a known issue expects "
-            f"it to fail (a strict xpass: the entry may be stale) · {ABSENT} not in the matrix. Each table cell "
+            f"it to fail (a strict xpass: the entry may be stale) · "
+            + " · ".join(f"{CAUSE_MARKS[c]} {CAUSE_HELP[c]}" for c in grid.CAUSES)
+            + f" · {ABSENT} not in the matrix. Each table cell "
             "lists the checkpoint modes in the order given above the table.")
 
 
@@ -41,19 +50,21 @@ def _environments(report: dict[str, Any]) -> list[str]:
 
 
 def _summary(sections: list[grid.Section]) -> list[str]:
-    header = "| framework | " + " | ".join(grid.DISPLAY_STATUSES) + " | cells |"
-    lines = [header, "|---" * (len(grid.DISPLAY_STATUSES) + 2) + "|"]
+    causes = [f"red: {c} {CAUSE_MARKS[c]}" for c in grid.CAUSES]
+    header = "| framework | " + " | ".join([*grid.DISPLAY_STATUSES, *causes]) + " | cells |"
+    lines = [header, "|---" * (len(grid.DISPLAY_STATUSES) + len(causes) + 2) + "|"]
     for section in sections:
-        lines.append(f"| {section.framework} | " + " | ".join(str(section.counts[s]) for s in grid.DISPLAY_STATUSES)
-                     + f" | {section.cells} |")
+        lines.append(f"| {section.framework} | " + " | ".join(
+            [*(str(section.counts[s]) for s in grid.DISPLAY_STATUSES), *(str(section.causes[c]) for c in grid.CAUSES)])
+            + f" | {section.cells} |")
     return lines
 
 
 def _symbol(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return ABSENT
-    return (SYMBOLS[cell["status"]] + REGISTRY_MARKS.get(display_status(cell), "")
-            + (EMULATION_MARK if cell.get("emulation") else ""))
+    return (SYMBOLS[cell["status"]] + CAUSE_MARKS.get(cell.get("cause") or "", "")
+            + REGISTRY_MARKS.get(display_status(cell), "") + (EMULATION_MARK if cell.get("emulation") else ""))
 
 
 def _tables(sections: list[grid.Section]) -> list[str]:

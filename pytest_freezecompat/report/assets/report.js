@@ -19,7 +19,8 @@
   function visible(b, w) {
     return (!w.framework || b.dataset.framework === w.framework) && (!w.plugin || b.dataset.plugin === w.plugin)
       && (!w.freeze || b.dataset.freeze === w.freeze)
-      && (!w.status || b.dataset.display === w.status || b.dataset.status === w.status);
+      && (!w.status || b.dataset.display === w.status || b.dataset.status === w.status)
+      && (!w.cause || b.dataset.cause === w.cause);
   }
   function apply() {
     const w = wanted();
