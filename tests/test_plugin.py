@@ -112,3 +112,17 @@ def processes_with(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_a_cell_that_fails_several_checks_reports_every_one(run_matrix):
+    """Reentrant checkpointing over a frozen embedding: no grads on the blocks, so their updates differ too."""
+    result, report = run_matrix("--freeze-matrix-select=framework=torch,plugin=fsdp2,init=eager,"
+                                "checkpoint=reentrant,freeze=embedding,freeze=none", "--runxfail")
+    cells = {c["freeze"]: c for c in report["cells"]}
+    failed = cells["embedding"]
+    assert failed["status"] == "fail" and failed["check"] == "grads"
+    checks = [f["check"] for f in failed["failures"]]
+    assert checks[0] == "grads" and "update" in checks, checks
+    assert all(f["params"] for f in failed["failures"] if f["check"] in ("grads", "update"))
+    assert failed["cause"] == "freeze" and cells["none"]["status"] == "pass"  # the control trains fine
+    result.stdout.fnmatch_lines(["FAIL [[]grads[]]: step 0: no grad on trainable*", "also [[]update[]]: step 0:*"])
