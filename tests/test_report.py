@@ -92,3 +92,25 @@ def test_cli_merge_and_its_one_line_error(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("[]")
     assert cli(["merge", str(tmp_path / "bad.json"), "-o", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_merge_gives_each_red_cell_its_cause_and_the_tables_show_it(tmp_path):
+    """The control may sit in another shard: causes are decided on the merged report."""
+    grads = {"check": "grads", "step": 0, "message": "...", "params": ["w"], "on_held_params": False}
+    rows = {"a": [cell(freeze="none", status="pass"), cell(plugin="fsdp2", freeze="none", status="fail",
+                                                           failures=[grads])],
+            "b": [cell(freeze="embedding", status="fail", check="grads", failures=[grads]),
+                  cell(plugin="fsdp2", freeze="embedding", status="fail", check="grads", failures=[grads])]}
+    for name, shard in rows.items():
+        (tmp_path / name).mkdir()
+        write.write(tmp_path / name, write.build(ENVS, shard))
+    assert cli(["merge", str(tmp_path / "a/matrix.json"), str(tmp_path / "b/matrix.json"), "-o",
+                str(tmp_path / "all")]) == 0
+    merged = {c["id"]: c.get("cause") for c in json.loads((tmp_path / "all/matrix.json").read_text())["cells"]}
+    assert merged == {"tiny-gpt/torch/ddp/eager/none/none": None, "tiny-gpt/torch/ddp/eager/none/embedding": "freeze",
+                      "tiny-gpt/torch/fsdp2/eager/none/none": "stack",
+                      "tiny-gpt/torch/fsdp2/eager/none/embedding": "stack"}
+    md = (tmp_path / "all/matrix.md").read_text()
+    assert "❌❄" in md and "❌ˢ" in md and "| 1 | 2 | 0 | 0 | 4 |" in md  # red by freeze, stack, both, harness
+    html = (tmp_path / "all/matrix.html").read_text()
+    assert 'data-cause="freeze"' in html and 'id="filter-cause"' in html
