@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 pytest.importorskip("composer.core")  # a module of the real package, not a namespace folder
@@ -14,6 +17,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from pytest_freezecompat.adapters.composer import adapter, emulation
 
 CPU = torch.device("cpu")
+#: The shim reads only the plugin id of its cell.
+CELL: Any = SimpleNamespace(key=SimpleNamespace(plugin="fsdp2"))
 
 
 
@@ -37,7 +42,7 @@ def test_fsdp1_variants_set_sharding_and_orig_params() -> None:
 def test_shim_redirects_cuda_requests_only_inside_and_reports_what_it_used() -> None:
     probe = ShimProbe()
     current_device, to_empty = torch.cuda.current_device, nn.Module.to_empty
-    with emulation.SHIM.apply(None, probe, CPU):
+    with emulation.SHIM.apply(CELL, probe, CPU):
         assert torch.cuda.current_device() == torch.device("cpu")
         module = nn.Linear(2, 2, device="meta").to_empty(device=f"cuda:{torch.cuda.current_device()}")
         assert module.weight.device.type == "cpu"
@@ -48,7 +53,7 @@ def test_shim_redirects_cuda_requests_only_inside_and_reports_what_it_used() -> 
 
 def test_shim_is_undone_when_the_wrapped_code_raises() -> None:
     to_empty = nn.Module.to_empty
-    with pytest.raises(RuntimeError, match="boom"), emulation.SHIM.apply(None, ShimProbe(), CPU):
+    with pytest.raises(RuntimeError, match="boom"), emulation.SHIM.apply(CELL, ShimProbe(), CPU):
         raise RuntimeError("boom")
     assert nn.Module.to_empty is to_empty
 

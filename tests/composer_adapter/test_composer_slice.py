@@ -95,3 +95,17 @@ def test_emulation_is_what_lets_fsdp1_run_on_cpu(pool: RankPool) -> None:
     verdict, records = run(pool, dataclasses.replace(marked, emulation=False, shim=None))
     assert verdict.status == "error" and not records[0].emulated
     assert "Trainer init" in records[0].error.phase
+
+
+def test_fsdp2_on_gloo_is_judged_with_averaged_grads_and_the_unshimmed_cell_shows_exactly_2x(pool: RankPool) -> None:
+    from pytest_freezecompat.adapters.composer.emulation import GLOO_AVG
+
+    verdict, records = run(pool, cell("fsdp2", "embedding"))
+    assert verdict.status == "pass", verdict.message
+    assert GLOO_AVG in records[0].emulated
+    verdict, records = run(pool, cell("fsdp2-no-avg-shim", "none"))
+    assert (verdict.status, verdict.check) == ("fail", "grads")
+    got, want = records[0].steps[0].grads, records[0].reference[0].grads
+    ratios = {name: float((got[name] / want[name]).mean()) for name in want if want[name] is not None
+              and abs(want[name]).min() > 1e-6}
+    assert ratios and all(abs(r - 2.0) < 1e-3 for r in ratios.values()), ratios  # world_size x, nothing else

@@ -5,9 +5,11 @@ from ...core.declaration import AdapterDeclaration
 #: A plugin id with this suffix runs the base plugin with `optimizers=None` (the Trainer's default optimizer).
 DEFAULT_OPTIMIZER_SUFFIX = "-default-optimizer"
 BASE_PLUGINS = ("ddp", "fsdp1", "fsdp1-orig-params", "fsdp1-shard-grad-op", "fsdp2")
+#: FSDP2 without the shim's gloo AVG emulation: the upstream artefact itself (grads world_size x on torch < 2.8).
+UNSHIMMED_GLOO_AVG = "fsdp2-no-avg-shim"
 
 DECLARATION = AdapterDeclaration(
-    plugins=(*BASE_PLUGINS, *(p + DEFAULT_OPTIMIZER_SUFFIX for p in BASE_PLUGINS)),
+    plugins=(*BASE_PLUGINS, *(p + DEFAULT_OPTIMIZER_SUFFIX for p in BASE_PLUGINS), UNSHIMMED_GLOO_AVG),
     init=("eager", "meta"),
     # framework: Composer's own activation checkpointing (an option of its FSDP configs).
     checkpoint=("none", "reentrant", "non-reentrant", "framework"),

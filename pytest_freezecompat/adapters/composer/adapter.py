@@ -35,7 +35,10 @@ from ..base import AdapterBase, Batch, RunContext, apply_freeze
 from ..loop import StepProbes
 from ..materialize import MetaInit
 from ..views import CHECKPOINT_WRAPPER_INFIXES, DTensorView, FSDP1View, ParamView
-from . import DEFAULT_OPTIMIZER_SUFFIX
+from . import DEFAULT_OPTIMIZER_SUFFIX, UNSHIMMED_GLOO_AVG
+
+#: Plugin ids that run another's wrapping unchanged.
+BASE_OF = {UNSHIMMED_GLOO_AVG: "fsdp2"}
 
 #: Where every view reads: grads exist only inside fit(), which clears them when it ends.
 READ_IN_CALLBACK = ", read in Callback.after_backward (fit() clears grads when it ends)"
@@ -175,7 +178,7 @@ class ComposerAdapter(AdapterBase):
     def run(self, ctx: RunContext) -> None:
         plugin = ctx.cell.key.plugin
         default_optimizer = plugin.endswith(DEFAULT_OPTIMIZER_SUFFIX)
-        base = plugin.removesuffix(DEFAULT_OPTIMIZER_SUFFIX)
+        base = BASE_OF.get(plugin, plugin.removesuffix(DEFAULT_OPTIMIZER_SUFFIX))
         meta = ctx.cell.key.init == "meta"
         parallelism = _parallelism(base, framework_ac=ctx.cell.key.checkpoint == FRAMEWORK_CHECKPOINT)
         ctx.probe.phase("build model")
@@ -198,15 +201,16 @@ class ComposerAdapter(AdapterBase):
         trainer = None
         try:
             ctx.probe.phase(f"Trainer init ({base})")
+            # The shim spans fit() too: FSDP2 reduces grads during the backward.
             with ctx.emulation():
                 trainer = _trainer(ctx, shell, optimizer, parallelism)
-            probes = StepProbes(ctx.probe, _view(base, shell, trainer.state))
-            if default_optimizer and ctx.rank == 0:
-                ctx.probe.note(f"optimizers=None: the Trainer built {type(trainer.state.optimizers[0]).__name__}")
-            probes.wrapped()
-            trainer.state.callbacks.append(_Probes(probes, tap))
-            with tap.installed():
-                trainer.fit()
+                probes = StepProbes(ctx.probe, _view(base, shell, trainer.state))
+                if default_optimizer and ctx.rank == 0:
+                    ctx.probe.note(f"optimizers=None: the Trainer built {type(trainer.state.optimizers[0]).__name__}")
+                probes.wrapped()
+                trainer.state.callbacks.append(_Probes(probes, tap))
+                with tap.installed():
+                    trainer.fit()
             trainer.close()
         finally:
             if trainer is not None:
