@@ -169,3 +169,14 @@ def test_the_earliest_step_names_the_failed_check():
     record.steps.append(StepFacts({**record.steps[0].grads, "w": None}, 0.374, "returned", record.steps[0].params))
     record.reference.append(record.reference[0])
     assert judge(record).check == "grad_norm"
+
+
+def test_a_flipped_noise_element_of_a_low_precision_param_may_also_be_rounded():
+    """bf16 working params: a noise-level grad flips (2 lr) and the stored param is rounded on top of it."""
+    record = base_record()
+    record.reference[0].grads["w"] = arr(1e-9, -0.2)
+    record.steps[0].grads["w"] = arr(-1e-9, -0.2)
+    rounded_flip = arr(0.99 + 0.023, 2.01)  # 2 lr + 3e-3 of bf16 rounding (a bf16 step near 1 is 3.9e-3)
+    record.steps[0].params = {**record.steps[0].params, "w": rounded_flip}
+    assert checks.judge_records([record], "bf16").status == "pass"
+    assert checks.judge_records([record], "fp32").check == "update"  # fp32 stores no such rounding
