@@ -181,12 +181,12 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
                 moved_frozen.append(name)
         elif not np.allclose(have, want, rtol=tol.param_rtol, atol=tol.param_atol):
             diff = np.abs(have - want)
-            off = diff > tol.param_atol + tol.param_rtol * np.abs(want)
+            room = tol.param_atol + tol.param_rtol * np.abs(want)
+            off = diff > room
             if name in quiet:
                 # A flip moves the param by up to 2 lr a step, and a low-precision param is then stored rounded:
                 # the flip's allowance sits on top of the precision's own param tolerance.
-                allowed = ADAM_FLIP_STEPS * lr * (step + 1) + tol.param_atol + tol.param_rtol * np.abs(want)
-                off &= ~(quiet[name] & (diff <= allowed))
+                off &= ~(quiet[name] & (diff <= ADAM_FLIP_STEPS * lr * (step + 1) + room))
             if off.any():
                 differ.append(f"{name} (max abs diff {np.max(diff[off]):.2e})")
                 named.append(name)
