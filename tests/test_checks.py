@@ -171,12 +171,76 @@ def test_the_earliest_step_names_the_failed_check():
     assert judge(record).check == "grad_norm"
 
 
+def low_precision_record(mixed_w_grad, mixed_w_param=None):
+    """A bf16 cell whose mixed-precision reference differs from the fp32 one on w (the precision's spread)."""
+    record = base_record()
+    mixed = StepFacts(dict(record.reference[0].grads), 0.374, None, dict(record.reference[0].params))
+    mixed.grads["w"] = mixed_w_grad
+    if mixed_w_param is not None:
+        mixed.params["w"] = mixed_w_param
+    record.reference_mixed = [mixed]
+    return record
+
+
+def test_a_low_precision_cell_may_sit_twice_its_measured_spread_from_the_fp32_reference():
+    record = low_precision_record(arr(0.1, -0.2 * 1.01))  # the precision moves w's grad by 1% of its scale
+    record.steps[0].grads["w"] = arr(0.1, -0.2 * 1.015)
+    verdict = checks.judge_records([record], "bf16")
+    assert verdict.status == "pass"
+    assert "2x its measured spread (widest relative grad spread 1.00e-02" in " ".join(verdict.notes)
+    assert checks.judge_records([record], "fp32").check == "grads"  # an fp32 cell gets no such room
+    record.steps[0].grads["w"] = arr(0.1, -0.2 * 1.03)  # 3x the spread
+    assert checks.judge_records([record], "bf16").check == "grads"
+
+
+def test_a_low_precision_grad_of_the_wrong_scale_fails_whatever_the_spread():
+    record = low_precision_record(arr(0.1 * 1.05, -0.2))
+    record.steps[0].grads["b"] = arr(0.6)  # 2x: room for b is 2 * 5% of its scale
+    assert checks.judge_records([record], "bf16").check == "grads"
+
+
 def test_a_flipped_noise_element_of_a_low_precision_param_may_also_be_rounded():
     """bf16 working params: a noise-level grad flips (2 lr) and the stored param is rounded on top of it."""
-    record = base_record()
+    record = low_precision_record(arr(1e-9, -0.2), mixed_w_param=arr(0.99 + 0.002, 2.01))  # rounding seen: 2e-3
     record.reference[0].grads["w"] = arr(1e-9, -0.2)
     record.steps[0].grads["w"] = arr(-1e-9, -0.2)
-    rounded_flip = arr(0.99 + 0.023, 2.01)  # 2 lr + 3e-3 of bf16 rounding (a bf16 step near 1 is 3.9e-3)
+    rounded_flip = arr(0.99 + 0.023, 2.01)  # 2 lr + 3e-3 of rounding (within 2x the spread seen, plus fp32's 1e-3)
     record.steps[0].params = {**record.steps[0].params, "w": rounded_flip}
     assert checks.judge_records([record], "bf16").status == "pass"
     assert checks.judge_records([record], "fp32").check == "update"  # fp32 stores no such rounding
+
+
+def test_grads_that_are_one_multiple_of_the_reference_carry_that_scale():
+    record = base_record()
+    record.steps[0].grads = {"emb": None, "w": arr(0.2, -0.4), "b": arr(0.6)}
+    failure = judge(record).failures[0]
+    assert (failure.check, failure.scale, failure.params_kind) == ("grads", 2.0, "trained")
+    record.steps[0].grads["b"] = arr(0.9)  # w is 2x, b 3x: no one factor
+    assert judge(record).failures[0].scale is None
+
+
+def test_a_norm_that_is_each_ranks_shard_norm_says_so():
+    lead, other = base_record(0), base_record(1)
+    lead.steps[0].norm, other.steps[0].norm = 0.3, (0.374 ** 2 - 0.3 ** 2) ** 0.5  # L2 parts of 0.374
+    failure = checks.judge_records([lead, other], "fp32").failures[0]
+    assert (failure.check, failure.ranks_combine) == ("grad_norm", "l2")
+    other.steps[0].norm = 0.3
+    assert checks.judge_records([lead, other], "fp32").failures[0].ranks_combine is None
+
+
+def test_a_moved_param_the_reference_gives_no_grad_is_of_kind_no_grad():
+    record = base_record()
+    record.reference[0].grads["b"] = None
+    record.reference[0].params["b"] = arr(0.5)  # unused: the reference leaves it alone
+    record.steps[0].grads["b"] = arr(0.0)  # zero-filled, and the optimizer moved it
+    failure = judge(record).failures[0]
+    assert (failure.check, failure.params_kind, failure.on_held_params) == ("update", "no-grad", False)
+
+
+def test_an_error_says_whether_it_was_raised_while_wrapping_or_training():
+    assert checks.judge_records([error_record(0, "boost", 1.0, "boom")], "fp32").raised_in == "wrapping"
+    training = error_record(0, "step 0: forward/backward", 1.0, "boom")
+    training.error.step = 0
+    assert checks.judge_records([training], "fp32").raised_in == "training"
+    assert checks.stage_of_phases(["boost (torch-ddp)", "step 1: clip"]) == "training"
+    assert checks.stage_of_phases(["boost (torch-ddp)"]) == "wrapping"

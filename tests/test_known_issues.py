@@ -133,6 +133,11 @@ def test_an_entry_named_by_a_rule_explains_failures_outside_its_selector_but_fla
     ({"pattern": "("}, "pattern", "invalid regex"),
     ({"colour": "red"}, "colour", "unknown field"),
     ({"summary": None}, "summary", "missing"),
+    ({"when": [{"plugin": "ddp"}, {}]}, "when", "or a list of such tables"),
+    ({"when": [{"plugin": "ddp"}, {"plugins": "x"}]}, "when", "unknown axis 'plugins'"),
+    ({"predicts": {"raised": "wrapping"}}, "predicts", "unknown prediction 'raised'"),
+    ({"predicts": {"raised_in": "boost"}}, "predicts", "raised_in must be one of wrapping, training, not 'boost'"),
+    ({"predicts": {"scale": "2"}}, "predicts", "scale must be one of world_size"),
 ])
 def test_a_malformed_entry_is_one_line_naming_file_entry_and_field(tmp_path, mutation, field, what):
     body = {"id": "x-issue", "summary": "s", "links": ["https://github.com/o/r/issues/1"],
@@ -198,3 +203,69 @@ def test_a_previous_annotation_does_not_name_an_entry(tmp_path):
     assert known_issues.match(annotated, ENV, reg) is None
     report = {"environments": {"torch": ENV}, "cells": [{**annotated, "environment": "torch"}]}
     assert "known_issue" not in known_issues.annotate(report, reg)["cells"][0]
+
+
+PREDICTING = ENTRY + '''
+[[issue]]
+id = "gloo-sum"
+summary = "grads summed, not averaged"
+links = ["https://github.com/pytorch/pytorch/issues/162338"]
+when = [{ framework = "torch", plugin = "fsdp2", freeze = "none" },
+        { framework = "torch", plugin = "ddp", freeze = "lora" }]
+versions = { torch = ">=2.7" }
+status = ["fail"]
+check = "grads"
+pattern = "grad differs from reference"
+predicts = { scale = "world_size" }
+
+[[issue]]
+id = "shard-norm"
+summary = "each rank clips by its own shard's norm"
+links = ["https://github.com/pytorch/pytorch/issues/72548"]
+when = { framework = "torch", plugin = "fsdp2", freeze = "output" }
+versions = { torch = ">=2.7" }
+status = ["fail"]
+check = "grad_norm"
+pattern = "grad norm"
+predicts = { ranks_combine = "l2" }
+
+[[issue]]
+id = "zeros-move-unused"
+summary = "zero-filled grads move params the reference leaves alone"
+links = ["https://github.com/pytorch/pytorch/pull/87308"]
+when = { framework = "torch", plugin = "fsdp2", freeze = "unused-branch" }
+versions = { torch = ">=2.7" }
+status = ["fail"]
+check = "update"
+pattern = "must stay fixed"
+predicts = { params = "no-grad" }
+'''
+
+
+def failed(check, message, **facts):
+    return {"check": check, "step": 0, "message": message, "params": ["w"], "on_held_params": False, **facts}
+
+
+@pytest.mark.parametrize(("plugin", "freeze", "failure", "explained"), [
+    ("fsdp2", "none", failed("grads", "grad differs from reference", scale=2.0), True),
+    ("ddp", "lora", failed("grads", "grad differs from reference", scale=2.0), True),  # the second selector
+    ("fsdp2", "none", failed("grads", "grad differs from reference", scale=1.5), False),  # another shape: stays red
+    ("fsdp2", "none", failed("grads", "grad differs from reference"), False),  # no uniform factor at all
+    ("fsdp2", "output", failed("grad_norm", "grad norm 0.5 != reference 0.7", ranks_combine="l2"), True),
+    ("fsdp2", "output", failed("grad_norm", "grad norm 0.5 != reference 0.7"), False),
+    ("fsdp2", "unused-branch", failed("update", "param that must stay fixed changed", params_kind="no-grad"), True),
+    ("fsdp2", "unused-branch", failed("update", "param that must stay fixed changed", params_kind="held"), False),
+])
+def test_an_entry_explains_only_failures_that_look_as_it_predicts(tmp_path, plugin, freeze, failure, explained):
+    row = cell(plugin=plugin, freeze=freeze, status="fail", message=failure["message"], check=failure["check"],
+               failures=[failure], world_size=2)
+    found = known_issues.match(row, ENV, registry(tmp_path, PREDICTING))
+    assert (found is not None and found.get("expected", False)) == explained
+
+
+def test_an_error_must_be_raised_where_the_entry_says(tmp_path):
+    text = ENTRY.replace('pattern = "uniform `requires_grad`"',
+                         'pattern = "uniform `requires_grad`"\npredicts = { raised_in = "wrapping" }')
+    at_wrap = cell(message=UNIFORM, raised_in="wrapping")
+    assert known_issues.match(at_wrap, ENV, registry(tmp_path, text))["expected"]
+    assert known_issues.match({**at_wrap, "raised_in": "training"}, ENV, registry(tmp_path, text)) is None

@@ -65,6 +65,13 @@ def test_keyword_selection_reaches_user_cells(pytester, run_user):
     result.assert_outcomes(passed=1, deselected=3)
 
 
+def test_the_matrix_selection_narrows_user_cells_too(pytester, run_user):
+    pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}, "body-only": body_only}'))
+    result, report = run_user("--freeze-matrix-select", "freeze=none")
+    result.assert_outcomes(passed=2)  # the control and the ordinary test
+    assert [c["id"] for c in report["cells"]] == ["small-net/torch/ddp/eager/none/none"]
+
+
 @pytest.mark.parametrize(("patterns", "narrow", "message"), [
     ('{"oops": {"trainable": ["nothing.*"]}}', {}, "glob 'nothing.*' of group 'oops.trainable' matches no parameter"),
     ('{"x": {"trainable": ["head.*"]}}', {"plugins": '["zero-9"]'}, "unknown plugin 'zero-9' for user models; valid:"),

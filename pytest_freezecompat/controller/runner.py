@@ -71,10 +71,11 @@ class MatrixRun:
         self.spec = spec
         self.options = options
         self.device, self.backend = detect_device(options.world_size)
+        self.selection = Selection.parse(options.select, spec)
         self.cells: list[Cell] = []
         if options.matrix:
-            self.cells = plan(spec, Selection.parse(options.select, spec), world_size=options.world_size,
-                              device=self.device, environment=options.environment)
+            self.cells = plan(spec, self.selection, world_size=options.world_size, device=self.device,
+                              environment=options.environment)
         known_path = spec.path.parent / known_issues.FILE_NAME
         self.known = (known_issues.load(known_path) if known_path.exists()
                       else known_issues.Registry(known_path, ()))
@@ -92,8 +93,10 @@ class MatrixRun:
                    for fw in self.spec.frameworks.values())
 
     def add_user_case(self, case: UserCase) -> list[Cell]:
-        cells = user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
-                           environment=self.options.environment)
+        # --freeze-matrix-select narrows user cases as it narrows the built-in matrix.
+        cells = [cell for cell in user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
+                                             environment=self.options.environment)
+                 if self.selection.keeps_key(cell.key)]
         self.cells.extend(cells)
         return cells
 
@@ -118,7 +121,7 @@ class MatrixRun:
         facts = checks.run_facts(run, cell)
         record = _record(cell, repro, verdict.status, verdict.message, check=verdict.check,
                          failures=[failure.to_json() for failure in verdict.failures],
-                         cause="harness" if verdict.harness else None,
+                         cause="harness" if verdict.harness else None, raised_in=verdict.raised_in,
                          notes=run.notes + verdict.notes, rank_details=checks.rank_details(run),
                          duration_s=round(time.perf_counter() - started, 3),
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3), **facts)

@@ -87,6 +87,8 @@ class RankRecord:
     initial: dict[str, Any] | None = None  # rank 0: params after wrapping
     plan: PlanFacts | None = None
     reference: list[StepFacts] | None = None  # rank 0: the single-process reference's steps
+    #: rank 0, low-precision cells: the same reference run as mixed precision does (the precision's own spread)
+    reference_mixed: list[StepFacts] | None = None
     init_matches_eager: bool = True
     error: RankError | None = None
 
@@ -126,7 +128,8 @@ class CellRecord:
     repro: str
     check: str | None = None  # the earliest failed check
     message: str = ""
-    #: Every failed check, earliest first: {check, step, message, params}.
+    #: Every failed check, earliest first: {check, step, message, params, on_held_params, and the facts
+    #: registry entries predict where measured: params_kind, scale, ranks_combine}.
     failures: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     grad_access: str | None = None
@@ -135,6 +138,8 @@ class CellRecord:
     duration_s: float = 0.0
     emulated: list[str] | None = None
     pool_start_s: float | None = None
+    #: error, crash, timeout: "wrapping" (before the first step) or "training".
+    raised_in: str | None = None
     #: Why it is red (`verdict.cause`): freeze / stack / both / harness; set where the report is written.
     cause: str | None = None
     #: The registry entry a matrix rule names for this cell (the registry decides whether it explains it).
@@ -149,7 +154,7 @@ class CellRecord:
         """Plain JSON types; optional fields that are unset are left out."""
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
-        for optional in ("emulated", "pool_start_s", "cause", "rule_known_issue", "known_issue"):
+        for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue"):
             if data[optional] is None:
                 del data[optional]
         return data

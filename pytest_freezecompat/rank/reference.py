@@ -1,7 +1,10 @@
 """The single-process reference: plain PyTorch, no wrapper, no checkpointing, full global batch.
 
 It starts from the values the wrapped model really held after wrapping, so a cell
-is judged on training, not on how its init mode filled the weights.
+is judged on training, not on how its init mode filled the weights. A low-precision cell
+also gets a second, mixed-precision reference (the model in bf16/fp16 for forward and
+backward, fp32 master weights that clipping and the optimizer work on): the distance
+between the two is the precision's own spread, which the verdict turns into its tolerance.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from ..core.cell import Cell
 from ..core.freeze import FreezePlan
 
 Tensors = dict[str, torch.Tensor]
+#: The working dtype of a mixed-precision cell (fp32 cells need no second reference).
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -31,19 +36,24 @@ def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
-        model: nn.Module, loss_of: LossOf) -> list[ReferenceStep]:
+        model: nn.Module, loss_of: LossOf, compute_dtype: torch.dtype | None = None) -> list[ReferenceStep]:
     """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
 
     `model` is bare and single-process, with the same parameter names as the cell's model
     (its values are replaced by `initial`); `loss_of(model, batch)` computes its loss.
+    `compute_dtype`: run as mixed precision does, with the model in that dtype and fp32 masters.
     """
     h = cell.hyper
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(initial[name].to(param.dtype))
+    if compute_dtype is not None:
+        model.to(compute_dtype)
     apply_freeze(plan, model)
     params = dict(model.named_parameters())
-    optimized = [p for n, p in params.items() if n in plan.optimized]
+    masters = params if compute_dtype is None else {
+        n: nn.Parameter(p.detach().float().clone(), requires_grad=p.requires_grad) for n, p in params.items()}
+    optimized = [masters[n] for n in params if n in plan.optimized]
     optimizer = (torch.optim.AdamW(optimized, lr=h.lr, betas=h.betas, eps=h.eps, weight_decay=h.weight_decay)
                  if optimized else None)
     steps = []
@@ -52,12 +62,22 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
         # grads of params outside it accumulate (and count in the clip norm), as they do for users.
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
+            if compute_dtype is not None:
+                for name in plan.optimized:
+                    params[name].grad = None
         loss = loss_of(model, batch)
         if loss.requires_grad:
             loss.backward()
         grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}
-        norm = float(torch.nn.utils.clip_grad_norm_([p for p in params.values() if p.grad is not None], h.max_norm))
+        if compute_dtype is not None:
+            for name, master in masters.items():
+                master.grad = grads[name] if grads[name] is None else grads[name].clone()
+        norm = float(torch.nn.utils.clip_grad_norm_([p for p in masters.values() if p.grad is not None], h.max_norm))
         if optimizer is not None:
             optimizer.step()
+        if compute_dtype is not None:
+            with torch.no_grad():
+                for name, param in params.items():
+                    param.copy_(masters[name])
         steps.append(ReferenceStep(grads, norm, {n: p.detach().float().clone() for n, p in params.items()}))
     return steps

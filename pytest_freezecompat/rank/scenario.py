@@ -128,18 +128,28 @@ def _data(cell: Cell) -> tuple[list[Batch], LossOf]:
     return batches, import_ref(cell.user_model.loss)
 
 
+def _facts(steps: list[reference.ReferenceStep]) -> list[StepFacts]:
+    return [StepFacts(grads=to_numpy(s.grads), norm=s.norm, params=to_numpy(s.params)) for s in steps]
+
+
 def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str, torch.Tensor],
                batches: list[Batch], loss: LossOf, record: RankRecord) -> None:
     own = adapter.reference_model(cell)  # the framework's own model (e.g. Megatron's GPTModel), or None
+
+    def bare() -> tuple[nn.Module, LossOf]:
+        """A fresh single-process model for each reference run (no grads or dtype left from another)."""
+        return adapter.reference_model(cell) if own is not None else (_construct(cell, "cpu", initialize=False), loss)
+
     if own is not None:
-        reference_model, reference_loss = own
         eager, _ = adapter.reference_model(cell)
         models.init_weights(eager, cell.hyper.seed)
     else:
-        reference_model, reference_loss = _construct(cell, "cpu", initialize=False), loss
         eager = _construct(cell, "cpu")
-    steps = reference.run(cell, plan, initial, batches, reference_model, reference_loss)
-    record.reference = [StepFacts(grads=to_numpy(s.grads), norm=s.norm, params=to_numpy(s.params)) for s in steps]
+    reference_model, reference_loss = own if own is not None else bare()
+    record.reference = _facts(reference.run(cell, plan, initial, batches, reference_model, reference_loss))
+    if cell.precision in reference.LOW_PRECISION:
+        record.reference_mixed = _facts(reference.run(cell, plan, initial, batches, *bare(),
+                                                      compute_dtype=reference.LOW_PRECISION[cell.precision]))
     record.init_matches_eager = all(torch.equal(p.detach().float(), initial[n]) for n, p in eager.named_parameters())
 
 

@@ -1,10 +1,12 @@
 """The known-issue registry (`matrix/known_issues.toml`): upstream bugs the matrix reproduces, by cell.
 
-An entry selects cells (axes with globs, as in the `when` of matrix rules), names the versions it
-applies to, and says which failures it explains (raw statuses, optionally the failed check, and a
-regex over the message). A cell whose failure an entry explains keeps its raw status and is shown
-as `known` (an xfail in pytest); a cell an entry expects to break that passes is `fixed?` (a strict
-xpass), so an entry that has gone stale is noticed the morning the fix ships. Everything here is
+An entry selects cells (axes with globs, as in the `when` of matrix rules; a list of such tables
+selects their union), names the versions it applies to, and says which failures it explains: raw
+statuses, optionally the failed check, a regex over the message, and what the failure must look
+like (`predicts`), so an entry explains the cells it selects rather than absorbing every red one.
+A cell whose failure an entry explains keeps its raw status and is shown as `known` (an xfail in
+pytest); a cell an entry expects to break that passes is `fixed?` (a strict xpass), so an entry
+that has gone stale is noticed the morning the fix ships. Everything here is
 pure: the runner calls `match` per cell, `freezecompat merge --known-issues` calls `annotate`.
 """
 
@@ -27,7 +29,15 @@ from .matrix import default_spec_path, tomllib
 #: What a selector may name: the cell's key axes, and the device of its environment.
 SELECTOR_KEYS = (*KEY_AXES, "device")
 REQUIRED = ("id", "summary", "links", "when", "versions", "status", "pattern")
-OPTIONAL = ("check",)
+OPTIONAL = ("check", "predicts")
+#: What an entry may predict of the failures it explains, and the values each prediction takes:
+#:   raised_in      error/crash/timeout: "wrapping" (before the first step) or "training"
+#:   params         fail: what the failed check's params are: "held" by the pattern (frozen, or left out
+#:                  of the optimizer), "no-grad" (trainable, but the reference gives them no grad), "trained"
+#:   scale          fail (grads): every differing grad is this multiple of the reference's ("world_size")
+#:   ranks_combine  fail (grad_norm): the ranks' own norms combine to the reference's ("l2": shard norms)
+PREDICTIONS = {"raised_in": ("wrapping", "training"), "params": ("held", "no-grad", "trained"),
+               "scale": ("world_size",), "ranks_combine": ("l2",)}
 FILE_NAME = "known_issues.toml"
 
 
@@ -40,15 +50,17 @@ class Entry:
     id: str
     summary: str
     links: tuple[str, ...]
-    when: dict[str, tuple[str, ...]]
+    when: tuple[dict[str, tuple[str, ...]], ...]  # alternatives: a cell is selected by any one
     versions: dict[str, SpecifierSet]
     statuses: tuple[str, ...]
     pattern: re.Pattern[str]
     check: str | None
+    predicts: dict[str, str]
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
         fields = {**{axis: str(cell.get(axis, "")) for axis in KEY_AXES}, "device": str(environment.get("device", ""))}
-        return all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in pats) for key, pats in self.when.items())
+        return any(all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in pats) for key, pats in when.items())
+                   for when in self.when)
 
     def applies_to(self, environment: dict[str, Any]) -> bool:
         """True when every named package's version in this environment is inside the entry's specifiers."""
@@ -61,7 +73,19 @@ class Entry:
     def explains(self, cell: dict[str, Any]) -> bool:
         if cell["status"] not in self.statuses or (self.check and cell.get("check") != self.check):
             return False
-        return self.pattern.search(_failure_text(cell)) is not None
+        return self.pattern.search(_failure_text(cell)) is not None and self.predicted(cell)
+
+    def predicted(self, cell: dict[str, Any]) -> bool:
+        """Whether the cell's failure looks as this entry says it must (each prediction that applies to it)."""
+        if cell["status"] != "fail":
+            return self.predicts.get("raised_in", cell.get("raised_in")) == cell.get("raised_in")
+        failures = cell.get("failures") or []
+        failure = next((f for f in failures if f["check"] == self.check), failures[0] if failures else {})
+        if "params" in self.predicts and failure.get("params_kind") != self.predicts["params"]:
+            return False
+        if "scale" in self.predicts and failure.get("scale") != float(cell.get("world_size", 0)):
+            return False
+        return self.predicts.get("ranks_combine", failure.get("ranks_combine")) == failure.get("ranks_combine")
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "link": self.links[0], "links": list(self.links), "summary": self.summary}
@@ -138,16 +162,17 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
     links = _strings(body["links"])
     if links is None or not all(link.startswith("https://") for link in links):
         raise error("links", "must be a non-empty list of https:// URLs")
-    if not isinstance(body["when"], dict) or not body["when"]:
-        raise error("when", "must be a non-empty table of axis = value(s)")
-    when = {}
-    for key, pats in body["when"].items():
-        if key not in SELECTOR_KEYS:
-            raise error("when", f"unknown axis {key!r}; valid: {', '.join(SELECTOR_KEYS)}")
-        values = _strings(pats)
-        if values is None:
-            raise error("when", f"{key} must be a string or a non-empty list of strings")
-        when[key] = values
+    selectors = body["when"] if isinstance(body["when"], list) else [body["when"]]
+    if not selectors or not all(isinstance(sel, dict) and sel for sel in selectors):
+        raise error("when", "must be a non-empty table of axis = value(s), or a list of such tables")
+    when = []
+    for selector in selectors:
+        for key, pats in selector.items():
+            if key not in SELECTOR_KEYS:
+                raise error("when", f"unknown axis {key!r}; valid: {', '.join(SELECTOR_KEYS)}")
+            if _strings(pats) is None:
+                raise error("when", f"{key} must be a string or a non-empty list of strings")
+        when.append({key: _strings(pats) for key, pats in selector.items()})
     if not isinstance(body["versions"], dict) or not body["versions"]:
         raise error("versions", "must be a non-empty table of package = \"specifier\"")
     versions = {}
@@ -168,8 +193,17 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
         pattern = re.compile(body["pattern"])
     except re.error as exc:
         raise error("pattern", f"invalid regex ({exc})") from None
+    predicts = body.get("predicts", {})
+    if not isinstance(predicts, dict):
+        raise error("predicts", f"must be a table of {', '.join(PREDICTIONS)}")
+    for key, value in predicts.items():
+        if key not in PREDICTIONS:
+            raise error("predicts", f"unknown prediction {key!r}; valid: {', '.join(PREDICTIONS)}")
+        if value not in PREDICTIONS[key]:
+            raise error("predicts", f"{key} must be one of {', '.join(PREDICTIONS[key])}, not {value!r}")
     seen[body["id"]] = index
-    return Entry(body["id"], body["summary"].strip(), links, when, versions, statuses, pattern, check)
+    return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, pattern, check,
+                 dict(predicts))
 
 
 def load(path: str | Path | None = None) -> Registry:

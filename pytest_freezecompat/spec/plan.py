@@ -47,6 +47,9 @@ class Selection:
     def keeps(self, axis: str, value: str) -> bool:
         return axis not in self.values or value in self.values[axis]
 
+    def keeps_key(self, key: CellKey) -> bool:
+        return all(self.keeps(axis, value) for axis, value in key.as_dict().items())
+
 
 def _matches(rule: Rule, key: CellKey, device: str) -> bool:
     if rule.device is not None and rule.device != device:
