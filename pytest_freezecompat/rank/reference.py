@@ -71,7 +71,7 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
         grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}
         if compute_dtype is not None:
             for name, master in masters.items():
-                master.grad = grads[name] if grads[name] is None else grads[name].clone()
+                master.grad = None if grads[name] is None else grads[name].clone()
         norm = float(torch.nn.utils.clip_grad_norm_([p for p in masters.values() if p.grad is not None], h.max_norm))
         if optimizer is not None:
             optimizer.step()

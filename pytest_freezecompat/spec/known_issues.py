@@ -78,14 +78,14 @@ class Entry:
     def predicted(self, cell: dict[str, Any]) -> bool:
         """Whether the cell's failure looks as this entry says it must (each prediction that applies to it)."""
         if cell["status"] != "fail":
-            return self.predicts.get("raised_in", cell.get("raised_in")) == cell.get("raised_in")
+            return "raised_in" not in self.predicts or cell.get("raised_in") == self.predicts["raised_in"]
         failures = cell.get("failures") or []
         failure = next((f for f in failures if f["check"] == self.check), failures[0] if failures else {})
         if "params" in self.predicts and failure.get("params_kind") != self.predicts["params"]:
             return False
         if "scale" in self.predicts and failure.get("scale") != float(cell.get("world_size", 0)):
             return False
-        return self.predicts.get("ranks_combine", failure.get("ranks_combine")) == failure.get("ranks_combine")
+        return "ranks_combine" not in self.predicts or failure.get("ranks_combine") == self.predicts["ranks_combine"]
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "link": self.links[0], "links": list(self.links), "summary": self.summary}
