@@ -9,6 +9,7 @@ Each framework pins its own torch, so each environment is its own virtualenv:
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,8 @@ def _matrix_session(name: str, pins: list[str]) -> None:
     def matrix(session: nox.Session) -> None:
         _install(session, pins)
         frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+        if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
+            shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
         if frozen:  # None under --install-only; the editable line (this checkout's path) is left out
             (SHARDS / name).mkdir(parents=True, exist_ok=True)
             (SHARDS / name / "pip-freeze.txt").write_text(frozen)

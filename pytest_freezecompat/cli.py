@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -20,13 +21,32 @@ REGRESSION_EXIT = 1
 USAGE_EXIT = 2
 
 
+def _check_output(directory: Path) -> None:
+    """Refuse an output directory we could not create or write before reading a shard, not after the work."""
+    try:
+        existing = next(p for p in (directory, *directory.parents) if p.exists())  # `.` or `/` at the latest
+        if not existing.is_dir():
+            raise schema.ReportError(f"{directory}: not a directory (-o names the report directory)"
+                                     if existing == directory else
+                                     f"{directory}: cannot create it ({existing} is not a directory)")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise schema.ReportError(f"{directory}: cannot write there ({existing} is not writable)")
+    except OSError as exc:
+        raise schema.ReportError(f"{directory}: cannot use it as the report directory ({exc.strerror})") from None
+
+
 def _merge(args: argparse.Namespace) -> int:
+    output = Path(args.output)
+    _check_output(output)
     shards = [(path, schema.load(path)) for path in args.shards]
     report = merge(shards)
     if args.known_issues:
         known_issues.annotate(report, known_issues.load(args.known_issues))
     cause.assign(report["cells"])  # controls may sit in another shard
-    write.write(Path(args.output), report)
+    try:
+        write.write(output, report)
+    except OSError as exc:
+        raise schema.ReportError(f"{output}: cannot write the report ({exc.strerror or exc})") from None
     print(f"merged {len(report['cells'])} cells from {len(shards)} shard(s) into {args.output}/matrix.json")
     return 0
 

@@ -7,8 +7,10 @@ run imports neither torch nor the controller.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
+import signal
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 CELL_PROPERTY = "freeze_matrix_cell"
 #: A warm cell takes well under a second; framework imports on the first cell of a pool take up to a minute.
 DEFAULT_TIMEOUT_S = 120.0
+#: Below a second a cell cannot even join its process group; a day is longer than any CI allows.
+TIMEOUT_RANGE_S = (1.0, 86400.0)
 DEFAULT_REPORT_DIR = ".freeze-matrix"
 ENVIRONMENT_VARIABLE = "FREEZECOMPAT_ENVIRONMENT"
 
@@ -54,22 +58,30 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _options(config: pytest.Config) -> Options:
-    from .controller.pool import POLL_S
     from .controller.runner import Options
+    from .report.directory import ReportDirError, check_writable
 
     world_size = config.getoption("freeze_matrix_world_size")
     if world_size < 1:
         raise pytest.UsageError("--freeze-matrix-world-size must be at least 1")
-    if config.getoption("freeze_matrix_timeout") <= POLL_S:
-        raise pytest.UsageError("--freeze-matrix-timeout must be a positive number of seconds")
+    timeout_s = config.getoption("freeze_matrix_timeout")
+    low, high = TIMEOUT_RANGE_S
+    if not (math.isfinite(timeout_s) and low <= timeout_s <= high):
+        raise pytest.UsageError(f"--freeze-matrix-timeout must be between {low:.0f} and {high:.0f} seconds, "
+                                f"got {timeout_s}")
     report_dir = config.getoption("freeze_matrix_report")
-    return Options(
+    options = Options(
         matrix=config.getoption("freeze_matrix"), select=config.getoption("freeze_matrix_select"),
-        timeout_s=config.getoption("freeze_matrix_timeout"), world_size=world_size,
-        spec_path=config.getoption("freeze_matrix_spec"),
+        timeout_s=timeout_s, world_size=world_size, spec_path=config.getoption("freeze_matrix_spec"),
         report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
         report_dir_is_default=report_dir is None, environment=config.getoption("freeze_matrix_environment"),
     )
+    if not hasattr(config, "workerinput"):  # xdist workers never write the report
+        try:
+            check_writable(options.report_dir)
+        except ReportDirError as exc:
+            raise pytest.UsageError(f"--freeze-matrix-report: {exc}") from None
+    return options
 
 
 def _start_run(config: pytest.Config) -> MatrixRun:
@@ -87,6 +99,16 @@ def _start_run(config: pytest.Config) -> MatrixRun:
         return MatrixRun(spec, options)
     except (SpecError, SelectionError, KnownIssueError) as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (CI cancellation, `timeout`, a scheduler), handled as Ctrl-C is: finished cells stay in the
+    report, the ranks are ended and the pool's folder removed, and pytest exits 2 (interrupted)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not cut the report short
+    raise Terminated("SIGTERM received: stopping as for Ctrl-C")
 
 
 class CellFailure(Exception):
@@ -179,7 +201,20 @@ class MatrixSession:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self._run: MatrixRun | None = _start_run(config) if config.getoption("freeze_matrix") else None
+        self._previous_sigterm: Any = None
+        self._run: MatrixRun | None = None
+        self._report_line = ""
+        if config.getoption("freeze_matrix"):
+            self._begin()
+
+    def _begin(self) -> MatrixRun:
+        self._run = _start_run(self.config)
+        if self._previous_sigterm is None:
+            try:
+                self._previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+            except ValueError:  # not the main thread (pytest embedded somewhere): the caller's handlers stay
+                pass
+        return self._run
 
     @property
     def _matrix_on(self) -> bool:
@@ -187,9 +222,7 @@ class MatrixSession:
 
     @property
     def run(self) -> MatrixRun:
-        if self._run is None:
-            self._run = _start_run(self.config)
-        return self._run
+        return self._run if self._run is not None else self._begin()
 
     def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
         """`pytest --freeze-matrix` alone runs just the matrix; name test paths to run them as well."""
@@ -220,8 +253,22 @@ class MatrixSession:
         if self._run is None:
             return
         self._run.close()
-        if not hasattr(session.config, "workerinput"):  # xdist workers leave the report to the controller
-            self._run.write_report()
+        if hasattr(session.config, "workerinput"):  # xdist workers leave the report to the controller
+            return
+        try:
+            folded = self._run.write_report(final=True)
+        except OSError as exc:
+            self._report_line = f"report NOT written: {exc} (this run's cells: {self._run.report.journal_path})"
+            return
+        if folded is not None:
+            kept = f"; {folded.from_other_runs} kept from earlier or concurrent runs" if folded.from_other_runs else ""
+            aside = f"; an unreadable matrix.json was moved to {folded.set_aside}" if folded.set_aside else ""
+            self._report_line = (f"report: {folded.path} (+ .md, .html): {folded.cells} cells, "
+                                 f"{len(self._run.results)} from this run{kept}{aside}")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if hasattr(config, "workerinput") or self._run is None or not self._run.results:
@@ -235,4 +282,6 @@ class MatrixSession:
         for (fw, plugin), counter in counts.items():
             terminalreporter.write_line(f"{fw + '/' + plugin:<{width}}  "
                                         + " ".join(f"{counter.get(s, 0):>7}" for s in STATUSES))
-        terminalreporter.write_line(f"report: {self.run.options.report_dir / 'matrix.json'} (+ matrix.md)")
+        for why in self.run.missing_frameworks().values():
+            terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework
+        terminalreporter.write_line(self._report_line, red=self._report_line.startswith("report NOT"))

@@ -85,7 +85,7 @@ def test_cli_exit_codes(tmp_path, capsys):
 @pytest.mark.parametrize(("content", "message"), [
     ('{"schema": 2, "cells": [], "environments": {}}', "report schema 2, this tool reads schema 1"),
     ("{not json", "not a matrix report (invalid JSON"),
-    ('{"schema": 1, "cells": [{"id": "x"}], "environments": {}}', "corrupt report (cell 0 lacks"),
+    ('{"schema": 1, "cells": [{"id": "x"}], "environments": {}}', "corrupt report (cell x: field model: missing)"),
 ])
 def test_cli_refuses_foreign_and_corrupt_reports_in_one_line(tmp_path, capsys, content, message):
     old, _ = reports()
@@ -95,6 +95,34 @@ def test_cli_refuses_foreign_and_corrupt_reports_in_one_line(tmp_path, capsys, c
         assert cli(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"freezecompat: {bad}: ") and message in err and err.count("\n") == 1
+
+
+BAD = "tiny-gpt/torch/ddp/eager/none/none"
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("known_issue", KNOWN["id"], f"cell {BAD}: field known_issue: expected a table or null, got a string"),
+    ("id", [BAD], "cells[0]: field id: expected a string, got a list"),
+    ("message", 3, f"cell {BAD}: field message: expected a string, got an integer"),
+    ("known_issue", {"expected": True}, f"cell {BAD}: field known_issue.id: missing"),
+    ("failures", [{"check": "grads", "params": "w"}], f"cell {BAD}: field failures[0].params: expected a list, "
+                                                      "got a string"),
+])
+def test_cli_names_the_file_cell_and_field_of_a_bad_cell(tmp_path, capsys, field, value, problem):
+    """A bad cell is a file we cannot use (exit 2), never a traceback, nor a `diff` regression (exit 1)."""
+    old, _ = reports()
+    bad = _write(tmp_path, "bad", write.build(ENVS, [cell("none", **{field: value})]))
+    for argv in (["diff", _write(tmp_path, "old", old), bad], ["merge", bad, "-o", str(tmp_path / "out")]):
+        assert cli(argv) == 2
+        assert capsys.readouterr().err == f"freezecompat: {bad}: corrupt report ({problem})\n"
+
+
+def test_cli_refuses_a_report_that_is_not_utf8(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"schema": 1, "cells": [], "environments": {}, "note": "caf\xe9"}')
+    old, _ = reports()
+    assert cli(["diff", _write(tmp_path, "old", old), str(bad)]) == 2
+    assert capsys.readouterr().err == f"freezecompat: {bad}: not a matrix report (not UTF-8 text at byte 59)\n"
 
 
 def test_cli_merge_applies_a_known_issue_registry(tmp_path, capsys):

@@ -5,7 +5,7 @@ import tomllib
 
 from pytest_freezecompat.core.records import display_status
 from pytest_freezecompat.report import markdown, write
-from pytest_freezecompat.spec import known_issues
+from pytest_freezecompat.spec import known_issues, matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"python": "3.11.7", "torch": "2.13.0+cpu", "frameworks": {"torch": "2.13.0+cpu", "composer": "0.32.1"},
@@ -135,6 +135,7 @@ def test_an_entry_named_by_a_rule_explains_failures_outside_its_selector_but_fla
     ({"summary": None}, "summary", "missing"),
     ({"when": [{"plugin": "ddp"}, {}]}, "when", "or a list of such tables"),
     ({"when": [{"plugin": "ddp"}, {"plugins": "x"}]}, "when", "unknown axis 'plugins'"),
+    ({"when": {"device": "gpu"}}, "when", "device 'gpu' matches none of cpu, cuda"),
     ({"predicts": {"raised": "wrapping"}}, "predicts", "unknown prediction 'raised'"),
     ({"predicts": {"raised_in": "boost"}}, "predicts", "raised_in must be one of wrapping, training, not 'boost'"),
     ({"predicts": {"scale": "2"}}, "predicts", "scale must be one of world_size"),
@@ -192,6 +193,7 @@ def test_the_shipped_registry_loads_and_covers_every_rule_that_names_an_entry():
             if "known_issue" in rule:
                 named.add(rule["known_issue"])
     reg.require(named)
+    reg.check_against(matrix.load())  # every selector value names a cell of the shipped matrix (or a user case)
     assert known_issues.default_path().is_file()  # beside the default matrix, packaged or in the checkout
 
 
@@ -269,3 +271,46 @@ def test_an_error_must_be_raised_where_the_entry_says(tmp_path):
     at_wrap = cell(message=UNIFORM, raised_in="wrapping")
     assert known_issues.match(at_wrap, ENV, registry(tmp_path, text))["expected"]
     assert known_issues.match({**at_wrap, "raised_in": "training"}, ENV, registry(tmp_path, text)) is None
+
+
+SELECTING = """
+[[issue]]
+id = "ddp-embedding"
+summary = "s"
+links = ["https://github.com/o/r/issues/1"]
+when = [{ framework = "torch", plugin = "ddp", freeze = "embedding" }, { model = "tiny-gpt", init = "eager" }]
+versions = { torch = ">=2.4" }
+status = ["error"]
+pattern = "boom"
+"""
+
+
+@pytest.mark.parametrize(("old", "new", "field", "what"), [
+    ('plugin = "ddp"', 'plugin = "dpp"', "when", "plugin 'dpp' matches none of ddp"),
+    ('model = "tiny-gpt"', 'model = "tiny-gtp"', "when", "model 'tiny-gtp' matches none of tiny-gpt"),
+    ('freeze = "embedding"', 'freeze = ["none", "embeding"]', "when",
+     "freeze 'embeding' matches none of unused-branch, none, embedding"),
+    ('plugin = "ddp"', 'plugin = "fsdp*"', "when", "plugin 'fsdp*' matches none of ddp"),  # a glob must match
+    ('framework = "torch"', 'framework = "trch"', "when", "framework 'trch' matches none of torch"),
+    ("torch = ", "torhc = ", "versions", "'torhc' is not a version a report records; valid: python, torch"),
+])
+def test_a_selector_value_the_matrix_lacks_is_one_line_naming_file_entry_and_value(tmp_path, old, new, field, what):
+    small = matrix.load(ROOT / "tests" / "specs" / "small.toml")
+    registry(tmp_path, SELECTING).check_against(small)
+    reg = registry(tmp_path, SELECTING.replace(old, new))
+    with pytest.raises(known_issues.KnownIssueError) as error:
+        reg.check_against(small)
+    assert str(error.value) == f"{tmp_path / 'known_issues.toml'}: entry ddp-embedding: field {field}: {what}"
+
+
+def test_a_selector_may_name_a_freeze_case_where_user_models_run_but_not_a_near_miss(tmp_path):
+    """A `freeze_case`'s names are unknown when the matrix loads; one a letter off a matrix name is a typo."""
+    text = (ROOT / "tests" / "specs" / "small.toml").read_text()
+    (tmp_path / "matrix.toml").write_text(text.replace("[frameworks.torch]", "[frameworks.torch]\nuser_models = true"))
+    takes_users = matrix.load(tmp_path / "matrix.toml")
+    user_case = SELECTING.replace('model = "tiny-gpt"', 'model = "tiny-qwen2-vl", freeze = "frozen-vision*"')
+    registry(tmp_path, user_case).check_against(takes_users)
+    with pytest.raises(known_issues.KnownIssueError, match=r"model 'tiny-qwen2-vl' matches none of tiny-gpt$"):
+        registry(tmp_path, user_case).check_against(matrix.load(ROOT / "tests" / "specs" / "small.toml"))
+    with pytest.raises(known_issues.KnownIssueError, match="model 'tiny-gtp' matches none of tiny-gpt; did you mean"):
+        registry(tmp_path, user_case.replace("tiny-qwen2-vl", "tiny-gtp")).check_against(takes_users)

@@ -1,4 +1,6 @@
+import errno
 import json
+import re
 
 import pytest
 
@@ -16,16 +18,15 @@ ENVS = {"torch": {"python": "3.11.7", "torch": "2.13.0", "frameworks": {"torch":
                   "backend": "gloo"}}
 
 
-def test_write_produces_json_and_markdown_and_self_ignores(tmp_path):
+def test_write_produces_json_and_markdown(tmp_path):
     report = write.build(ENVS, [cell(), cell(freeze="embedding", status="error", message="ValueError: x")])
     out = tmp_path / "out"
-    write.write(out, report, self_ignoring=True)
+    write.write(out, report)
     statuses = {c["freeze"]: c["status"] for c in schema.load(out / "matrix.json")["cells"]}
     assert statuses == {"none": "pass", "embedding": "error"}
     md = (out / "matrix.md").read_text()
     assert "| freeze | ddp |" in md and "| embedding | 💥 |" in md
     assert "ValueError: x" in md
-    assert (out / ".gitignore").read_text().endswith("*\n")
     assert not [p for p in out.iterdir() if p.name.startswith(".matrix")]  # no temp files left behind
 
 
@@ -73,13 +74,29 @@ def test_merge_joins_environments_and_refuses_duplicates():
     ("{not json", "invalid JSON"),
     ('{"cells": []}', "no schema field"),
     ('{"schema": 99, "cells": [], "environments": {}}', "report schema 99, this tool reads schema 1"),
-    ('{"schema": 1, "cells": [{"id": "x"}], "environments": {}}', "cell 0 lacks"),
+    ('{"schema": 1, "cells": [{"id": "x"}], "environments": {}}', "(cell x: field model: missing)"),
+    ('{"schema": 1, "cells": [[]], "environments": {}}', "(cells[0]: expected a table, got a list)"),
+    ('{"schema": 1, "cells": [], "environments": {"torch": "2.13"}}',
+     "(environment 'torch': expected a table, got a string)"),
+    ('{"schema": 1, "cells": [], "environments": {"torch": {"frameworks": ["torch"]}}}',
+     "(environment 'torch': field frameworks: expected a table, got a list)"),
+    (json.dumps(write.build(ENVS, [cell(status="passed")])),
+     "field status: 'passed' is not one of pass, fail, error, timeout, crash, skip)"),
+    (json.dumps(write.build(ENVS, [cell(rank_details=[{"rank": 0, "error": {"type": None}}])])),
+     "field rank_details[0].error.type: expected a string, got null)"),
 ])
 def test_loader_refuses_corrupt_and_foreign_reports(tmp_path, content, message):
     path = tmp_path / "m.json"
     path.write_text(content)
-    with pytest.raises(schema.ReportError, match=message):
+    with pytest.raises(schema.ReportError, match=re.escape(message)):
         schema.load(path)
+
+
+def test_loader_ignores_fields_it_does_not_know_and_accepts_null_optional_ones(tmp_path):
+    """Schema 1: a new field is optional, and a reader ignores what it does not know."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(write.build(ENVS, [cell(check=None, known_issue=None, future={"any": [1]})])))
+    assert schema.load(path)["cells"][0]["future"] == {"any": [1]}
 
 
 def test_cli_merge_and_its_one_line_error(tmp_path, capsys):
@@ -92,6 +109,30 @@ def test_cli_merge_and_its_one_line_error(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("[]")
     assert cli(["merge", str(tmp_path / "bad.json"), "-o", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cli_merge_refuses_an_output_it_cannot_write_before_reading_a_shard(tmp_path, capsys):
+    shard = str(tmp_path / "absent.json")  # never read: the output is checked first
+    existing = tmp_path / "matrix.md"
+    existing.write_text("a file, not a directory\n")
+    assert cli(["merge", shard, "-o", str(existing)]) == 2
+    assert capsys.readouterr().err == f"freezecompat: {existing}: not a directory (-o names the report directory)\n"
+    assert cli(["merge", shard, "-o", str(existing / "out")]) == 2
+    assert capsys.readouterr().err == (f"freezecompat: {existing / 'out'}: cannot create it ({existing} is not a "
+                                       "directory)\n")
+
+
+def test_cli_merge_reports_a_failed_write_in_one_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "a").mkdir()
+    write.write(tmp_path / "a", write.build(ENVS, [cell()]))
+
+    def disk_full(directory, report):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(write, "write", disk_full)
+    assert cli(["merge", str(tmp_path / "a/matrix.json"), "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"freezecompat: {tmp_path / 'out'}: cannot write the report (No space left on "
+                                       "device)\n")
 
 
 def test_merge_gives_each_red_cell_its_cause_and_the_tables_show_it(tmp_path):

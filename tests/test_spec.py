@@ -131,9 +131,42 @@ def test_an_adapter_without_a_declaration_is_one_line(tmp_path):
         spec.load(path)
 
 
-def test_a_rule_whose_when_matches_no_value_is_a_typo(tmp_path):
-    path = write(tmp_path, GOOD + '[[frameworks.torch.rule]]\nwhen = {plugin = "dpp"}\nskip = "x"\n')
-    with pytest.raises(spec.SpecError, match=r"torch rule 1: `when` plugin 'dpp' matches none of ddp"):
+@pytest.mark.parametrize(("when", "what"), [
+    ('{plugin = "dpp"}', "plugin 'dpp' matches none of ddp"),
+    ('{plugin = "ddp", model = "n"}', "model 'n' matches none of m"),
+    ('{freeze = ["none", "embeding"]}', "freeze 'embeding' matches none of none, embedding"),
+    ('{init = "lazy*"}', "init 'lazy\\*' matches none of eager"),  # a glob must match a value too
+    ('{framework = "trch"}', "framework 'trch' matches none of torch"),
+    ('{checkpoint = []}', "checkpoint lists no values"),
+])
+def test_a_rule_whose_when_matches_no_value_is_a_typo(tmp_path, when, what):
+    path = write(tmp_path, GOOD + f'[[frameworks.torch.rule]]\nwhen = {when}\nskip = "x"\n')
+    with pytest.raises(spec.SpecError, match=rf"^{path}:16: torch rule 1: `when` {what}$"):
+        spec.load(path)
+
+
+def test_a_user_models_rule_may_name_a_freeze_case_but_not_a_near_miss(tmp_path):
+    """A `freeze_case`'s names are unknown at load time; one a letter off a matrix name is taken for a typo."""
+    takes_users = GOOD.replace("[frameworks.torch]", "[frameworks.torch]\nuser_models = true")
+    rule = ('[[frameworks.torch.rule]]\nwhen = {model = "my-vlm", freeze = ["embedding", "frozen-vision*"]}\n'
+            'skip = "x"\n')
+    assert spec.load(write(tmp_path, takes_users + rule)).frameworks["torch"].rules[0].when["model"] == ("my-vlm",)
+    path = write(tmp_path, takes_users + rule.replace("frozen-vision*", "embeding"))
+    with pytest.raises(spec.SpecError, match=r"freeze 'embeding' matches none of none, embedding; did you mean "
+                                             r"'embedding'\? \(too close to it to be a freeze_case's own name\)"):
+        spec.load(path)
+    path = write(tmp_path, takes_users.replace("models.m.", "models.tiny-gpt.").replace('["m"]', '["tiny-gpt"]')
+                 + rule.replace("my-vlm", "tiny-gtp"))
+    with pytest.raises(spec.SpecError, match=r"model 'tiny-gtp' matches none of tiny-gpt; did you mean 'tiny-gpt'"):
+        spec.load(path)
+
+
+def test_a_top_level_rule_or_key_in_the_matrix_is_refused(tmp_path):
+    path = write(tmp_path, GOOD + '[[rule]]\nwhen = {plugin = "ddp"}\nskip = "x"\n')
+    with pytest.raises(spec.SpecError, match=rf"^{path}:15: a top-level \[\[rule\]\] belongs to no framework"):
+        spec.load(path)
+    path = write(tmp_path, "rules = []\n" + GOOD)
+    with pytest.raises(spec.SpecError, match=r"matrix: unknown key 'rules'; valid: frameworks, freeze, models, schema"):
         spec.load(path)
 
 

@@ -90,3 +90,18 @@ def test_a_factory_that_returns_no_module(pytester, run_user):
     pytester.makepyfile(test_mine=case('{"x": {"trainable": ["head.*"]}}').replace("return Net()", "return 42"))
     result, _ = run_user("--collect-only")
     result.stdout.fnmatch_lines(["*freeze_case small_net: the model factory returned int, not a torch.nn.Module*"])
+
+
+@pytest.mark.parametrize("body, got", [("return None", "NoneType"),
+                                       ("return model(b['tokens']).sum(-1)", "a tensor of shape (2, 4)")])
+def test_a_loss_that_is_not_a_scalar_blames_the_declaration_in_one_line(pytester, run_user, body, got):
+    source = case('{"head-only": {"trainable": ["head.*"]}}').replace(
+        "@freeze_case(batch=batch, loss=loss,", f"def bad_loss(model, b):\n    {body}\n\n\n"
+                                                  "@freeze_case(batch=batch, loss=bad_loss,")
+    pytester.makepyfile(test_mine=source)
+    result, report = run_user()
+    result.assert_outcomes(failed=2, passed=1)  # the cell and its control; the ordinary test passes
+    line = (f"ERROR: FreezeCaseError: freeze_case loss test_mine:bad_loss returned {got}; "
+            "it must return a scalar tensor (rank 0, step 0: forward/backward*")
+    result.stdout.fnmatch_lines([line, line])
+    assert {(c["status"], c["cause"]) for c in report["cells"]} == {("error", "harness")}  # the user's, not the stack's

@@ -10,6 +10,7 @@ groups, so framework helper processes go too) and restarted for the next cell.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cell import Cell
-from ..core.messages import RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell, Stop
+from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell, Stop
 from ..core.names import short_paths
 from ..core.records import CellRun, Outcome, RankState
 
@@ -33,8 +34,8 @@ from ..core.records import CellRun, Outcome, RankState
 STARTUP_TIMEOUT_S = 180.0
 #: After one rank reported an error, how long the others get to report theirs before we call them stuck.
 ERROR_GRACE_S = 5.0
-#: How long a rank gets to write its stack after SIGUSR1 before we read the file.
-STACK_DUMP_WAIT_S = 1.0
+#: How long a rank gets to start writing its stack after SIGUSR1 before we read the file.
+STACK_DUMP_WAIT_S = 10.0
 #: How often the controller wakes to check for dead ranks while waiting.
 POLL_S = 0.2
 #: Joining a fresh gloo group takes milliseconds; a join stuck this long is a harness hiccup (seen
@@ -106,7 +107,7 @@ class RankPool:
                "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_USE_AGENT_STORE": "True",
                "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size), "NODE_RANK": "0",
                "GROUP_RANK": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", CONTROLLER_PID: str(os.getpid())}
         for rank in range(self.world_size):
             parent_end, child_end = Pipe()
             log_path, stack_path = self._paths(rank)
@@ -169,9 +170,9 @@ class RankPool:
                 outcome = self._dispatch(cell, port, states, time.monotonic() + timeout_s)
             finally:
                 del store
-            if outcome is Outcome.DONE and not self._all_left():
-                notes.append(f"a rank did not leave the cell's process group within {LEAVE_TIMEOUT_S:.0f} s; "
-                             "the pool was restarted before the next cell")
+            stuck_leaving = self._not_left() if outcome is Outcome.DONE else None
+            if stuck_leaving:
+                notes.append(f"{stuck_leaving}; the pool was restarted before the next cell")
                 self.close()
             if outcome is not Outcome.DONE:
                 self._collect_stories(states)
@@ -192,8 +193,8 @@ class RankPool:
         rendezvous_deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
         while pending:
             now = time.monotonic()
-            if now > deadline:
-                return Outcome.TIMEOUT
+            if now > deadline:  # a rank's recorded error outranks the timeout it led to
+                return Outcome.TIMEOUT if first_error_at is None else Outcome.STUCK_AFTER_ERROR
             if now > rendezvous_deadline and any(states[r].phase == RENDEZVOUS_PHASE for r in pending):
                 return Outcome.RENDEZVOUS_HANG
             if first_error_at is not None and now - first_error_at > ERROR_GRACE_S:
@@ -217,26 +218,40 @@ class RankPool:
                 return Outcome.CRASH
         return Outcome.DONE
 
-    def _all_left(self) -> bool:
-        """Wait for every rank's ("left",) after a finished cell."""
+    def _not_left(self) -> str | None:
+        """Wait for every rank's Left after a finished cell; None when all left, else what went wrong."""
         deadline = time.monotonic() + LEAVE_TIMEOUT_S
         for rank, conn in enumerate(self._conns):
+            proc = self._procs[rank]
+            died = f"rank {rank} {{}} while leaving the cell's process group"
             while not conn.poll(POLL_S):
-                if self._procs[rank].poll() is not None or time.monotonic() > deadline:
-                    return False
+                if proc.poll() is not None:
+                    return died.format(_describe_exit(proc.returncode))
+                if time.monotonic() > deadline:
+                    return f"rank {rank} did not leave the cell's process group within {LEAVE_TIMEOUT_S:.0f} s"
             try:
-                if not isinstance(conn.recv(), Left):
-                    return False
+                message = conn.recv()
             except (EOFError, OSError):
-                return False
-        return True
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+                return died.format("closed its pipe" if proc.poll() is None else _describe_exit(proc.returncode))
+            if not isinstance(message, Left):
+                return f"rank {rank} sent {type(message).__name__} instead of leaving the cell's process group"
+        return None
 
     def _collect_stories(self, states: list[RankState]) -> None:
         """Exit codes, Python stacks of live ranks (SIGUSR1 -> faulthandler) and log tails."""
+        asked = []
         for state, proc in zip(states, self._procs):
             if proc.poll() is None and state.record is None:
-                os.kill(proc.pid, signal.SIGUSR1)
-        time.sleep(STACK_DUMP_WAIT_S)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+                asked.append(self._paths(state.rank)[1])
+        # On a loaded machine a dump can take a while to start; wait for each file, then let it finish.
+        deadline = time.monotonic() + STACK_DUMP_WAIT_S
+        while any(not p.exists() or p.stat().st_size == 0 for p in asked) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        time.sleep(POLL_S)
         for state, proc in zip(states, self._procs):
             log_path, stack_path = self._paths(state.rank)
             if proc.poll() is not None:

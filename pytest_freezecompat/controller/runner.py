@@ -9,22 +9,28 @@ from __future__ import annotations
 
 import shlex
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ..core.cell import Cell
+from ..core.names import short_paths
 from ..core.records import CellRecord, Status
-from ..report import schema, write
+from ..report import schema
+from ..report.directory import Folded, ReportDirectory
 from ..spec import known_issues
 from ..spec.matrix import Spec, default_spec_path
-from ..spec.plan import Selection, UserCase, plan, user_cells
+from ..spec.plan import Selection, UserCase, plan, user_cells, why_not_importable
 from ..verdict import cause, checks
 from .pool import PoolError, RankPool
 
-#: Report on disk at least this often during a run, so a killed run still leaves most of it.
+#: Fold the journal into matrix.json/md/html this often during a run (each cell is in the journal at once),
+#: and never spend more than a tenth of the run on it (a fold of thousands of cells takes a while).
 REPORT_EVERY_S = 5.0
+FOLD_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -79,18 +85,29 @@ class MatrixRun:
         known_path = spec.path.parent / known_issues.FILE_NAME
         self.known = (known_issues.load(known_path) if known_path.exists()
                       else known_issues.Registry(known_path, ()))
+        self.known.check_against(spec)
         self.known.require(c.known_issue for c in self.cells if c.known_issue)
         self._environment_info: dict[str, dict[str, Any]] = {}
         self.results: dict[str, dict[str, Any]] = {}
         self._pool: RankPool | None = None
         self._pool_error: str | None = None
-        self._last_write = 0.0
+        self.report = ReportDirectory(options.report_dir, self_ignoring=options.report_dir_is_default)
+        self._last_fold = 0.0
+        self._fold_s = 0.0
 
     def runs_user_models(self, frameworks: Sequence[str] | None = None) -> bool:
         """Whether any framework here (of those named, if any) trains user models."""
         env = self.options.environment
         return any(fw.user_models and env in (None, fw.environment) and (not frameworks or fw.name in frameworks)
                    for fw in self.spec.frameworks.values())
+
+    def missing_frameworks(self) -> dict[str, str]:
+        """Frameworks with cells in this run that cannot be imported here -> their cells' skip reason."""
+        missing: dict[str, str] = {}
+        for name in dict.fromkeys(cell.key.framework for cell in self.cells):
+            if why_not_importable(self.spec.frameworks[name].import_name):
+                missing[name] = next(c.skip for c in self.cells if c.key.framework == name and c.skip)
+        return missing
 
     def add_user_case(self, case: UserCase) -> list[Cell]:
         # --freeze-matrix-select narrows user cases as it narrows the built-in matrix.
@@ -117,6 +134,12 @@ class MatrixRun:
         except PoolError as exc:
             self._pool_error = f"rank pool could not start: {exc}"
             return self._annotated(_record(cell, repro, Status.ERROR, self._pool_error))
+        except Exception as exc:  # our own bug: the cell still gets its row, and the next one a fresh pool
+            self.close()
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            return self._annotated(_record(
+                cell, repro, Status.ERROR, f"the controller raised {type(exc).__name__}: {exc} "
+                f"({short_paths(where.filename)}:{where.lineno} in {where.name})", cause="harness"))
         verdict = checks.judge(run, cell, self.options.timeout_s)
         facts = checks.run_facts(run, cell)
         record = _record(cell, repro, verdict.status, verdict.message, check=verdict.check,
@@ -133,6 +156,7 @@ class MatrixRun:
     def _annotated(self, record: CellRecord) -> dict[str, Any]:
         """The row as JSON, tied to the registry entry that explains it (its raw status never changes)."""
         row = record.to_json()
+        row["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
         known_issues.annotate_cell(row, self.environment(record.environment), self.known)
         return row
 
@@ -142,8 +166,10 @@ class MatrixRun:
 
     # -- the report (controller only) -------------------------------------------------------
     def collect(self, record: dict[str, Any]) -> None:
+        """A finished cell: into the journal now, into matrix.json/md/html at the next fold."""
         self.results[record["id"]] = record
-        if time.monotonic() - self._last_write > REPORT_EVERY_S:
+        self.report.append(record, self.environment(record["environment"]))
+        if time.monotonic() - self._last_fold > max(REPORT_EVERY_S, self._fold_s / FOLD_SHARE):
             self.write_report()
 
     def environment(self, name: str) -> dict[str, Any]:
@@ -153,14 +179,10 @@ class MatrixRun:
             self._environment_info[name] = schema.environment_info(frameworks, self.device, self.backend)
         return self._environment_info[name]
 
-    def environments(self) -> dict[str, Any]:
-        names = {c.environment for c in self.cells} | {r["environment"] for r in self.results.values()}
-        return {name: self.environment(name) for name in sorted(names)}
-
-    def write_report(self) -> Path | None:
-        if not self.results:
-            return None
-        self._last_write = time.monotonic()
-        rows = cause.assign([dict(row) for row in self.results.values()])
-        report = write.build(self.environments(), rows)
-        return write.write(self.options.report_dir, report, self_ignoring=self.options.report_dir_is_default)
+    def write_report(self, *, final: bool = False) -> Folded | None:
+        """Fold this run's cells (and any other run's) into the report directory."""
+        started = time.monotonic()
+        folded = self.report.close(cause.assign) if final else self.report.fold(cause.assign)
+        self._last_fold = time.monotonic()
+        self._fold_s = self._last_fold - started
+        return folded

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from .cell import Cell
 from .records import RankRecord
 
+#: The environment variable that gives a rank its controller's pid (a rank ends itself when that parent is gone).
+CONTROLLER_PID = "FREEZECOMPAT_CONTROLLER_PID"
 #: The phase a rank reports while it joins the cell's fresh process group (the harness, not the framework).
 RENDEZVOUS_PHASE = "init process group"
 

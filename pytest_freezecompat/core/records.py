@@ -12,6 +12,10 @@ from typing import Any
 
 from .cell import CellKey
 
+#: The error type a rank records when a user's `@freeze_case` function breaks its contract (their code: it
+#: says nothing about the stack, like our own harness raising).
+FREEZE_CASE_ERROR = "FreezeCaseError"
+
 
 class Status(str, enum.Enum):
     """A cell's raw status: what happened, before any registry says why."""

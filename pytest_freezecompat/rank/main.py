@@ -13,16 +13,19 @@ import faulthandler
 import gc
 import importlib
 import os
+import shutil
 import signal
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..core.messages import RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell
+from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell
 from ..core.records import RankRecord
 from .scenario import describe_error, run_cell
 
@@ -30,6 +33,8 @@ from .scenario import describe_error, run_cell
 PROCESS_GROUP_TIMEOUT_S = 600
 #: How long a rank waits for its peers before leaving a cell's group (they are normally already there).
 LEAVE_BARRIER_S = 10
+#: How often a rank checks that its controller is still its parent.
+WATCHDOG_S = 0.5
 
 
 def _device_for(cell_device: str, local_rank: int) -> torch.device:
@@ -73,7 +78,23 @@ def _leave_group() -> None:
     dist.destroy_process_group()
 
 
+def _end_with_controller(pool_folder: Path) -> None:
+    """A rank must not outlive its controller, whatever ended it (SIGKILL included), even while busy in a
+    cell: a thread watches the parent; when it is gone, it removes the pool's folder and kills this rank's
+    process group (the rank leads its own session, so the framework's helper processes go too)."""
+    controller = int(os.environ[CONTROLLER_PID])
+
+    def watch() -> None:
+        while os.getppid() == controller:
+            time.sleep(WATCHDOG_S)
+        shutil.rmtree(pool_folder, ignore_errors=True)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="freezecompat-watchdog", daemon=True).start()
+
+
 def main(fd: int, stack_file: str, preload: list[str]) -> None:
+    _end_with_controller(Path(stack_file).parent)
     torch.set_num_threads(1)
     faulthandler.enable()  # a segfault prints every thread's stack into the rank's log
     with open(stack_file, "w") as stacks:

@@ -125,7 +125,27 @@ def _data(cell: Cell) -> tuple[list[Batch], LossOf]:
         return batches, reference.tiny_loss
     make_batch = import_ref(cell.user_model.batch)
     batches = [make_batch(global_batch, step) for step in range(cell.hyper.steps)]
-    return batches, import_ref(cell.user_model.loss)
+    return batches, _scalar_loss(cell.user_model.loss)
+
+
+class FreezeCaseError(Exception):
+    """A user's `@freeze_case` function broke its contract: blame the declaration, not the framework.
+    (Its name is `core.records.FREEZE_CASE_ERROR`, which the verdict reads.)"""
+
+
+def _scalar_loss(ref: str) -> LossOf:
+    """The user's loss, refusing (in one line naming it) anything but a scalar tensor."""
+    user_loss = import_ref(ref)
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        value = user_loss(model, batch)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            got = (f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                   else type(value).__name__)
+            raise FreezeCaseError(f"freeze_case loss {ref} returned {got}; it must return a scalar tensor")
+        return value
+
+    return loss
 
 
 def _facts(steps: list[reference.ReferenceStep]) -> list[StepFacts]:

@@ -133,7 +133,8 @@ def _legend() -> str:
             "<code>known</code> square shows ✗ or ! on amber. Cause (filter above): <em>freeze</em>, the cell "
             "fails where its nothing-frozen control passes, or on a frozen param; <em>stack</em>, the control "
             "fails the same way; "
-            "<em>both</em>; <em>harness</em>, our own code raised. Click a square for its details.</span></div>")
+            "<em>both</em>; <em>harness</em>, our own code (or a user's freeze_case function) raised. "
+            "Click a square for its details.</span></div>")
 
 
 def render(report: dict[str, Any]) -> str:

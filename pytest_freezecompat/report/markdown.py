@@ -24,7 +24,7 @@ CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / n
                         "set is wrong)",
               "stack": "the stack fails the same way with nothing frozen",
               "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
-              "harness": "our own harness raised: says nothing about the stack"}
+              "harness": "our own harness (or a user's freeze_case function) raised: says nothing about the stack"}
 ABSENT = "·"
 MESSAGE_CHARS = 300
 

@@ -7,14 +7,63 @@ from __future__ import annotations
 
 import json
 import platform
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..core.records import STATUSES
 
 SCHEMA = 1
-REQUIRED_CELL_FIELDS = ("id", "model", "framework", "plugin", "init", "checkpoint", "freeze", "environment", "status")
+
+#: A field's accepted JSON types: a scalar's name (`_SCALARS`), a `ListOf`, a `Table`, or a tuple of these (any one).
+Kind: TypeAlias = "str | ListOf | Table | tuple[Kind, ...]"
+#: Scalars by name, as `json` decodes them (exact types: a boolean is no integer).
+_SCALARS: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
+                                         "boolean": (bool,), "null": (type(None),)}
+_JSON_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null", list: "list",
+               dict: "table"}
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A JSON list whose every item is of one kind."""
+
+    item: Kind
+
+
+@dataclass(frozen=True)
+class Table:
+    """A JSON object: required fields must be there, optional ones are checked where present, others ignored."""
+
+    required: dict[str, Kind] = field(default_factory=dict)
+    optional: dict[str, Kind] = field(default_factory=dict)
+
+
+# What a cell may hold (`CellRecord.to_json`), typed as the records type it (`X | None`: X or null).
+# Required: what readers index (`cell["..."]`) in every row, e.g. `message` for `verdict.cause`.
+STRINGS = ListOf("string")
+STRING_OR_NULL = ("string", "null")
+KNOWN_ISSUE = Table(required={"id": "string"},
+                    optional={"link": "string", "links": STRINGS, "summary": "string", "expected": "boolean",
+                              "fixed": "boolean"})
+FAILURE = Table(required={"check": "string", "params": STRINGS},
+                optional={"step": "integer", "message": "string", "on_held_params": "boolean",
+                          "params_kind": STRING_OR_NULL, "scale": ("number", "null"), "ranks_combine": STRING_OR_NULL})
+RANK_ERROR = Table(optional=dict.fromkeys(("type", "message", "where", "phase"), "string"))
+RANK_DETAIL = Table(optional={"rank": "integer", "phase": "string", "error": (RANK_ERROR, "null"), "exit": "string",
+                              "traceback": "string", "stack": "string", "log_tail": "string", "emulated": STRINGS})
+CELL = Table(
+    required=dict.fromkeys(("id", "model", "framework", "plugin", "init", "checkpoint", "freeze", "environment",
+                            "status", "message"), "string"),
+    optional={"world_size": "integer", "precision": "string", "emulation": "boolean", "repro": "string",
+              "check": STRING_OR_NULL, "failures": ListOf(FAILURE), "notes": STRINGS, "grad_access": STRING_OR_NULL,
+              "grad_norm_source": STRING_OR_NULL, "rank_details": ListOf(RANK_DETAIL), "duration_s": "number",
+              "emulated": (STRINGS, "null"), "pool_start_s": ("number", "null"), "raised_in": STRING_OR_NULL,
+              "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null")})
+#: An `environments` value (`environment_info`).
+ENVIRONMENT = Table(optional={"python": "string", "torch": STRING_OR_NULL, "frameworks": Table(), "device": "string",
+                              "backend": "string", "platform": "string"})
 
 
 class ReportError(ValueError):
@@ -44,12 +93,61 @@ def environment_info(frameworks: dict[str, str], device: str, backend: str) -> d
     }
 
 
+def _a(json_name: str) -> str:
+    return json_name if json_name == "null" else ("an " if json_name[0] in "aeiou" else "a ") + json_name
+
+
+def _describe(kind: Kind) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(map(_describe, kind))
+    return _a("list" if isinstance(kind, ListOf) else "table" if isinstance(kind, Table) else kind)
+
+
+def _problem(value: Any, kind: Kind) -> tuple[str, str] | None:
+    """Why `value` is not of `kind`: (the field's path inside it, e.g. `failures[0].params`, what is wrong), or None.
+
+    Readers index and iterate cells freely, so a wrong type must stop the load rather than crash a reader later.
+    Paths are built only on the way out of a failure: a valid report costs no string work."""
+    for option in kind if isinstance(kind, tuple) else (kind,):
+        if isinstance(option, str):
+            if type(value) in _SCALARS[option]:
+                return None
+        elif isinstance(option, Table) and type(value) is dict:
+            for name in option.required:
+                if name not in value:
+                    return name, "missing"
+            for fields in (option.required, option.optional):
+                for name, inner in fields.items():
+                    if name in value and (found := _problem(value[name], inner)):
+                        return _path(name, found[0]), found[1]
+            return None
+        elif isinstance(option, ListOf) and type(value) is list:
+            for index, item in enumerate(value):
+                if found := _problem(item, option.item):
+                    return _path(f"[{index}]", found[0]), found[1]
+            return None
+    return "", f"expected {_describe(kind)}, got {_a(_JSON_NAMES[type(value)])}"
+
+
+def _path(head: str, tail: str) -> str:
+    return head + ("." if tail and not tail.startswith("[") else "") + tail
+
+
+def _say(found: tuple[str, str]) -> str:
+    """`field failures[0].params: expected a list, got a string` (no field for the value itself)."""
+    where, what = found
+    return f"field {where}: {what}" if where else what
+
+
 def load(path: str | Path) -> dict[str, Any]:
+    """The report at `path`, every cell checked against `CELL`; a ReportError (one line) for anything else."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ReportError(f"{path}: cannot read report ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{path}: not a matrix report (not UTF-8 text at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ReportError(f"{path}: not a matrix report (invalid JSON at line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict) or "schema" not in data:
@@ -59,10 +157,15 @@ def load(path: str | Path) -> dict[str, Any]:
     cells = data.get("cells")
     if not isinstance(cells, list) or not isinstance(data.get("environments"), dict):
         raise ReportError(f"{path}: corrupt report (cells must be a list, environments a table)")
+    for name, info in data["environments"].items():
+        if found := _problem(info, ENVIRONMENT):
+            raise ReportError(f"{path}: corrupt report (environment {name!r}: {_say(found)})")
     for index, cell in enumerate(cells):
-        missing = [f for f in REQUIRED_CELL_FIELDS if not isinstance(cell, dict) or f not in cell]
-        if missing:
-            raise ReportError(f"{path}: corrupt report (cell {index} lacks {', '.join(missing)})")
+        cell_id = cell.get("id") if type(cell) is dict else None
+        label = f"cell {cell_id}" if type(cell_id) is str and cell_id.isprintable() else f"cells[{index}]"
+        if found := _problem(cell, CELL):
+            raise ReportError(f"{path}: corrupt report ({label}: {_say(found)})")
         if cell["status"] not in STATUSES:
-            raise ReportError(f"{path}: corrupt report (cell {cell['id']} has status {cell['status']!r})")
+            raise ReportError(f"{path}: corrupt report ({label}: field status: {cell['status']!r} is not one of "
+                              f"{', '.join(STATUSES)})")
     return data

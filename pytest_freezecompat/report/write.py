@@ -28,11 +28,9 @@ def build(environments: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str
     return {"schema": SCHEMA, "environments": environments, "cells": sorted(cells, key=lambda c: c["id"])}
 
 
-def write(directory: Path, report: dict[str, Any], *, self_ignoring: bool = False) -> Path:
-    """Write matrix.json, matrix.md and matrix.html into `directory`; a self-ignoring one gets a `*` .gitignore."""
+def write(directory: Path, report: dict[str, Any]) -> Path:
+    """Write matrix.json, matrix.md and matrix.html into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
-    if self_ignoring and not (directory / ".gitignore").exists():
-        (directory / ".gitignore").write_text("# written by pytest-freezecompat: run output, not sources\n*\n")
     _atomic_write(directory / "matrix.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
     _atomic_write(directory / "matrix.md", markdown.render(report))
     _atomic_write(directory / "matrix.html", html.render(report))

@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..core.names import CHECKS, KEY_AXES, VALUE_RE
 from ..core.records import FAILING
-from .matrix import default_spec_path, tomllib
+from .matrix import DEVICES, Spec, default_spec_path, listing, tomllib, unselectable
 
 #: What a selector may name: the cell's key axes, and the device of its environment.
 SELECTOR_KEYS = (*KEY_AXES, "device")
@@ -107,6 +107,11 @@ class Registry:
         for issue_id in sorted(set(ids)):
             self.get(issue_id)
 
+    def check_against(self, spec: Spec) -> None:
+        """Refuse a selector value or version package that names nothing in `spec`: its entry would never apply."""
+        for entry in self.entries:
+            _check_entry(self.path, entry, spec)
+
 
 def default_path() -> Path:
     """The registry beside the default matrix (packaged with it, or the repo's `matrix/`)."""
@@ -129,6 +134,28 @@ def _failure_text(cell: dict[str, Any]) -> str:
         if error:
             lines.append(f"{error.get('type', '')}: {error.get('message', '')}")
     return "\n".join(lines)
+
+
+def _check_entry(path: Path, entry: Entry, spec: Spec) -> None:
+    """Each selector value must be one of the selected frameworks' (all, if it names none): else it selects nothing."""
+
+    def error(field: str, what: str) -> KnownIssueError:
+        return KnownIssueError(f"{path}: entry {entry.id}: field {field}: {what}")
+
+    packages = ["python", *dict.fromkeys(["torch", *spec.frameworks])]  # what `_version` can find
+    unknown = sorted(set(entry.versions) - set(packages))
+    if unknown:
+        raise error("versions", f"{unknown[0]!r} is not a version a report records; valid: {listing(packages)}")
+    for when in entry.when:
+        names = when.get("framework", ("*",))
+        chosen = [fw for fw in spec.frameworks.values() if any(fnmatch.fnmatchcase(fw.name, p) for p in names)]
+        valid = {"framework": list(spec.frameworks),
+                 **{axis: list(dict.fromkeys(v for fw in chosen for v in fw.axes[axis])) for axis in KEY_AXES
+                    if axis != "framework"}}
+        axes = sorted((k for k in when if k != "device"), key=lambda k: k != "framework")  # framework says the rest
+        found = unselectable({k: when[k] for k in axes}, valid, any(fw.user_models for fw in chosen))
+        if found is not None:
+            raise error("when", found[1])
 
 
 def _strings(value: Any) -> tuple[str, ...] | None:
@@ -172,6 +199,9 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
                 raise error("when", f"unknown axis {key!r}; valid: {', '.join(SELECTOR_KEYS)}")
             if _strings(pats) is None:
                 raise error("when", f"{key} must be a string or a non-empty list of strings")
+            found = unselectable({key: _strings(pats)}, {key: DEVICES}, False) if key == "device" else None
+            if found is not None:  # the other axes need the spec: `Registry.check_against`
+                raise error("when", found[1])
         when.append({key: _strings(pats) for key, pats in selector.items()})
     if not isinstance(body["versions"], dict) or not body["versions"]:
         raise error("versions", "must be a non-empty table of package = \"specifier\"")

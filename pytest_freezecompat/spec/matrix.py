@@ -8,9 +8,11 @@ frameworks inline under `[frameworks.<name>]` (handy for a one-file matrix).
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -30,6 +32,10 @@ SCHEMA = 1
 DEVICES = ("cpu", "cuda")
 RULE_EFFECTS = ("skip", "exclude", "emulation", "precision", "options", "known_issue")
 PRECISIONS = ("fp32", "bf16", "fp16")
+ROOT_KEYS = {"schema", "models", "freeze", "frameworks"}
+#: How alike (difflib ratio) an unknown model or pattern name and a matrix one must be for the name to be refused
+#: as a typo of it rather than taken for a user's `freeze_case` ("tiny-gtp" is refused; "tiny-qwen2-vl" is not).
+NEAR_MISS = 0.8
 
 
 class SpecError(ValueError):
@@ -100,15 +106,51 @@ class _Source:
             where = f"{path}:{found.group(1)}" if found else str(path)
             raise SpecError(f"{where}: invalid TOML: {exc}") from None
 
-    def where(self, *needles: str) -> str:
-        """`file:line` of the first line that mentions all needles (best effort, for messages)."""
-        for number, line in enumerate(self.text.splitlines(), 1):
-            if all(n in line for n in needles):
-                return f"{self.path}:{number}"
-        return str(self.path)
+    def where(self, *needles: str, start: int = 0) -> str:
+        """`file:line` of the first line from index `start` on that mentions all needles, else of `start` itself
+        (0: the file alone); best effort, for messages."""
+        lines = self.text.splitlines()
+        for number in range(start, len(lines)):
+            if all(n in lines[number] for n in needles):
+                return f"{self.path}:{number + 1}"
+        return f"{self.path}:{start + 1}" if start else str(self.path)
 
-    def error(self, message: str, *needles: str) -> SpecError:
-        return SpecError(f"{self.where(*needles)}: {message}")
+    def error(self, message: str, *needles: str, start: int = 0) -> SpecError:
+        return SpecError(f"{self.where(*needles, start=start)}: {message}")
+
+    def rule_line(self, framework: str, index: int) -> int:
+        """Index of the line that opens `framework`'s rule `index` here (best effort: 0), so an error in a
+        rule's `when` points into that rule rather than at the value's first mention in the file."""
+        headers = [n for n, line in enumerate(self.text.splitlines())
+                   if line.strip() in ("[[rule]]", f"[[frameworks.{framework}.rule]]")]
+        return headers[index] if index < len(headers) else 0
+
+
+def unselectable(when: Mapping[str, Sequence[str]], valid: Mapping[str, Sequence[str]],
+                 user_models: bool) -> tuple[str, str] | None:
+    """(value, `axis 'value' ...`) for the first value or glob in `when` that can select no cell, else None.
+
+    Each value must match one of `valid[axis]`, or its rule (or known issue) silently never applies. Where
+    `user_models`, a cell may also be a user's `freeze_case`, whose model and pattern names are unknown when the
+    matrix loads: there a `model` or `freeze` value is taken for such a name unless it is a near miss of a valid one.
+    """
+    for axis, values in when.items():
+        for value in values:
+            if any(fnmatch.fnmatchcase(v, value) for v in valid[axis]):
+                continue
+            problem = f"{axis} {value!r} matches none of {listing(valid[axis])}"
+            if not user_models or axis not in ("model", "freeze"):
+                return value, problem
+            near = difflib.get_close_matches(value, valid[axis], n=1, cutoff=NEAR_MISS)
+            if near:
+                return value, f"{problem}; did you mean {near[0]!r}? (too close to it to be a freeze_case's own name)"
+    return None
+
+
+def listing(values: Sequence[str], limit: int = 12) -> str:
+    """`values` for a one-line message, cut after `limit` so a long axis does not swamp the line."""
+    shown = ", ".join(values[:limit])
+    return shown if len(values) <= limit else f"{shown}, ... ({len(values) - limit} more)"
 
 
 def _reject_unknown_keys(src: _Source, body: dict[str, Any], valid: set[str], what: str) -> None:
@@ -186,25 +228,26 @@ FRAMEWORK_KEYS = {"framework", "adapter", "import", "models", "plugins", "init",
 
 
 def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tuple[str, ...]],
-               declaration: AdapterDeclaration) -> Rule:
+               declaration: AdapterDeclaration, user_models: bool) -> Rule:
     where = f"{src.path}, rule {index + 1}"
     if not isinstance(body, dict):
         raise SpecError(f"{where}: must be a table")
     when_raw = body.get("when", {})
     if not isinstance(when_raw, dict):
         raise src.error(f"{fw} rule {index + 1}: `when` must be a table of axis = value(s)", "when")
+    valid = {"framework": (fw,), **axes}  # a rule only ever sees this framework's cells
+    start = src.rule_line(fw, index)
     when = {}
     for axis, pats in when_raw.items():
-        if axis not in axes and axis != "framework":
+        if axis not in valid:
             raise src.error(f"{fw} rule {index + 1}: unknown axis {axis!r} in `when`; valid: "
-                            f"{', '.join(['framework', *axes])}", axis)
+                            f"{', '.join(valid)}", axis)
         when[axis] = _str_list(src, pats, f"rule.when.{axis}", axis)
-        # Models and patterns may be a user's own (`freeze_case`); the other axes are the framework's.
-        offered = axes[axis] if axis in ("plugin", "init", "checkpoint") else ()
-        for pat in when[axis] if offered else ():
-            if not fnmatch.filter(offered, pat):
-                raise src.error(f"{fw} rule {index + 1}: `when` {axis} {pat!r} matches none of "
-                                f"{', '.join(offered)}", pat)
+        if not when[axis]:
+            raise src.error(f"{fw} rule {index + 1}: `when` {axis} lists no values", axis, start=start)
+    found = unselectable(when, valid, user_models)
+    if found is not None:
+        raise src.error(f"{fw} rule {index + 1}: `when` {found[1]}", f'"{found[0]}"', start=start)
     device = body.get("device")
     if device is not None and device not in DEVICES:
         raise src.error(f"{fw} rule {index + 1}: device must be one of {', '.join(DEVICES)}", "device")
@@ -250,11 +293,12 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
     rules = body.get("rule", [])
     if not isinstance(rules, list):
         raise src.error(f"framework {name}: rules are written [[rule]]", "rule")
+    user_models = bool(body.get("user_models", False))
     framework = Framework(
         name=name, adapter=adapter, declaration=declaration, import_name=str(body.get("import", name)), axes=axes,
         environment=environment.name,
-        rules=tuple(_load_rule(src, name, i, r, axes, declaration) for i, r in enumerate(rules)),
-        where=src.where("framework"), user_models=bool(body.get("user_models", False)),
+        rules=tuple(_load_rule(src, name, i, r, axes, declaration, user_models) for i, r in enumerate(rules)),
+        where=src.where("framework"), user_models=user_models,
     )
     return framework, environment
 
@@ -264,6 +308,10 @@ def load(path: str | Path | None = None) -> Spec:
     root = _Source(Path(path) if path else default_spec_path())
     if root.data.get("schema", SCHEMA) != SCHEMA:
         raise root.error(f"schema {root.data.get('schema')!r} is not supported (this plugin reads {SCHEMA})", "schema")
+    if "rule" in root.data:  # would apply to no framework, silently
+        raise root.error("a top-level [[rule]] belongs to no framework; write [[frameworks.<name>.rule]] here, "
+                         "or [[rule]] in frameworks/<name>.toml", "[[rule]]")
+    _reject_unknown_keys(root, root.data, ROOT_KEYS, "matrix")
     models: dict[str, dict[str, tuple[str, ...]]] = {}
     _load_models(root, root.data.get("models", {}), models)
     patterns = _load_patterns(root, root.data.get("freeze", {}))

@@ -23,7 +23,7 @@ import numpy as np
 from ..core.cell import Cell
 from ..core.messages import RENDEZVOUS_PHASE
 from ..core.names import CHECKS
-from ..core.records import CellRun, Outcome, RankRecord, Status, StepFacts
+from ..core.records import FREEZE_CASE_ERROR, CellRun, Outcome, RankRecord, Status, StepFacts
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,8 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         text = f"{err.type}: {err.message} (rank {err.rank}, {err.phase}, {err.where})"
         if may_refuse and err.step is None:
             return Verdict(Status.PASS, None, f"{REFUSAL_NOTE}: {text}")
-        return Verdict(Status.ERROR, None, text, harness=is_harness_phase(err.phase), raised_in=stage_of(err.step))
+        ours = is_harness_phase(err.phase) or err.type == FREEZE_CASE_ERROR  # not the stack's doing either way
+        return Verdict(Status.ERROR, None, text, harness=ours, raised_in=stage_of(err.step))
     lead = records[0]
     if lead.reference is None or lead.plan is None or lead.initial is None:
         return Verdict(Status.ERROR, None, "the adapter finished without reporting its state (no probe.wrapped call)",

@@ -1,9 +1,10 @@
-"""The misbehaving adapter: hangs, crashes a rank, raises on one rank, or trains with real DDP."""
+"""The misbehaving adapter: hangs, crashes a rank, raises on one rank, dies after replying, or trains with real DDP."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import torch.distributed as dist
@@ -25,11 +26,14 @@ class FaultyAdapter(AdapterBase):
             wait_for_ever_in_sleep()
         elif plugin == "crash" and ctx.rank == 1:
             os.kill(os.getpid(), signal.SIGSEGV)
+        elif plugin == "die-while-leaving" and ctx.rank == 1:
+            # The rank replies, then exits where it would leave the cell's group (the rank loop's own step).
+            sys.modules["__main__"]._leave_group = lambda: os._exit(3)
         elif plugin == "raise-on-rank-1":
             if ctx.rank == 1:
                 raise RuntimeError("deliberate failure on rank 1")
             dist.barrier()  # rank 0 waits for a peer that will never come
-        if plugin.startswith("ok"):
+        if plugin.startswith("ok") or plugin == "die-while-leaving":
             TorchAdapter().run_plugin(ctx, "ddp")  # real DDP training on the restarted pool
         else:
             dist.barrier()
