@@ -181,9 +181,10 @@ class RankPool:
                 break
             notes.append(f"joining the cell's process group hung for {RENDEZVOUS_TIMEOUT_S:.0f} s "
                          "(before the framework ran); pool restarted and the cell retried")
+        retries = attempt - 1
         if outcome is Outcome.RENDEZVOUS_HANG:
             outcome = Outcome.TIMEOUT
-        return CellRun(outcome, states, fresh_start_s, notes)
+        return CellRun(outcome, states, fresh_start_s, notes, retries)
 
     def _dispatch(self, cell: Cell, port: int, states: list[RankState], deadline: float) -> Outcome:
         for conn in self._conns:

@@ -147,7 +147,8 @@ class MatrixRun:
                          cause="harness" if verdict.harness else None, raised_in=verdict.raised_in,
                          notes=run.notes + verdict.notes, rank_details=checks.rank_details(run),
                          duration_s=round(time.perf_counter() - started, 3),
-                         pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3), **facts)
+                         pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3),
+                         rendezvous_retries=run.rendezvous_retries or None, **facts)
         return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:

@@ -117,6 +117,7 @@ class CellRun:
     ranks: list[RankState]
     fresh_start_s: float | None = None  # the pool was (re)started for this cell, taking this long
     notes: list[str] = field(default_factory=list)
+    rendezvous_retries: int = 0  # joining the cell's fresh group hung, so the pool restarted and ran it again
 
 
 @dataclass
@@ -149,6 +150,8 @@ class CellRecord:
     #: The registry entry a matrix rule names for this cell (the registry decides whether it explains it).
     rule_known_issue: str | None = None
     known_issue: dict[str, Any] | None = None  # filled by `spec.known_issues.annotate_cell`
+    #: Times the cell was rerun because joining its fresh process group hung (a harness event, counted).
+    rendezvous_retries: int | None = None
 
     @property
     def id(self) -> str:
@@ -158,7 +161,8 @@ class CellRecord:
         """Plain JSON types; optional fields that are unset are left out."""
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
-        for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue"):
+        for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
+                         "rendezvous_retries"):
             if data[optional] is None:
                 del data[optional]
         return data

@@ -107,3 +107,8 @@ def sections(cells: list[Cell]) -> list[Section]:
     """One section per framework, in report order."""
     return [_section(framework, [c for c in cells if c["framework"] == framework])
             for framework in distinct(cells, "framework")]
+
+
+def rendezvous_retried(cells: list[dict[str, Any]]) -> list[str]:
+    """Ids of cells rerun because joining their fresh process group hung: a harness event the report counts."""
+    return [cell["id"] for cell in cells if cell.get("rendezvous_retries")]

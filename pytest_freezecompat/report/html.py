@@ -159,7 +159,9 @@ def render(report: dict[str, Any]) -> str:
         "distributed stack? Every cell is a real multi-rank run checked against a single-process reference "
         "(requires_grad flags, optimizer-tracked params, grads, clip norm, updates).</p></header>",
         '<div class="sticky" id="filters">', *filters, '<span id="shown"></span></div>', _legend(),
-        "<main><h2>Environments</h2>", *_environments(report), "<h2>Summary</h2>", *_counts(sections), *grids,
+        "<main><h2>Environments</h2>", *_environments(report), "<h2>Summary</h2>", *_counts(sections),
+        f"<p>Rendezvous retries (harness): {len(grid.rendezvous_retried(cells))} cell(s) were rerun because "
+        "joining their fresh process group hung.</p>", *grids,
         "</main>",
         '<aside id="details" hidden><button id="close" type="button" aria-label="close">×</button>'
         '<div id="details-body"></div></aside>',

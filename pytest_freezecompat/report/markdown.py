@@ -124,6 +124,13 @@ def _notes(cells: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _retries(cells: list[dict[str, Any]]) -> list[str]:
+    retried = grid.rendezvous_retried(cells)
+    shown = ", ".join(f"`{i}`" for i in retried[:6]) + (f" and {len(retried) - 6} more" if len(retried) > 6 else "")
+    return ["", f"Rendezvous retries (harness): {len(retried)} cell(s) were rerun because joining their fresh "
+                f"process group hung{': ' + shown if retried else ''}."]
+
+
 def _known_issues(cells: list[dict[str, Any]]) -> list[str]:
     """Each registry entry the report touches: its links, what the thread says, and its cells by display status."""
     entries: dict[str, dict[str, Any]] = {}
@@ -150,6 +157,7 @@ def render(report: dict[str, Any]) -> str:
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
            "reference (requires_grad flags, optimizer-tracked params, grads, clip norm, updates).", "",
-           _legend(), "", *_environments(report), "", *_summary(sections), *_tables(sections), *_notes(cells),
+           _legend(), "", *_environments(report), "", *_summary(sections), *_retries(cells), *_tables(sections),
+           *_notes(cells),
            *_known_issues(cells)]
     return "\n".join(out) + "\n"
