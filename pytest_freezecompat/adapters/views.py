@@ -3,11 +3,18 @@
 Every adapter reads its model back through one of these (or a subclass for the stack's own
 storage: ZeRO grad stores, Gemini chunks, Megatron's TP shards). Only torch is imported, so
 adapters pinned to an older torch share them. The one name mapping is `original_names`.
+
+Views that gather metadata or rank-dependent shards across ranks use `all_gather_json` and
+`all_gather_tensors`, never torch's `*_object` collectives: those unpickle what peers send,
+and on more than one host that arrives over a network socket.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,6 +28,60 @@ FSDP1_INFIXES = ("_fsdp_wrapped_module",)
 #: ... and with torch's `checkpoint_wrapper` around blocks (Composer's activation checkpointing).
 CHECKPOINT_WRAPPER_INFIXES = (*FSDP1_INFIXES, "_checkpoint_wrapped_module")
 FLAT_PARAM = "_flat_param"
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a tensor must live for a collective on `group`: NCCL's current CUDA device, else the CPU (gloo)."""
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_gather_padded(flat: torch.Tensor, lengths: list[int], group: dist.ProcessGroup | None) -> list[torch.Tensor]:
+    """Every rank's 1-d `flat` (rank i's has `lengths[i]` elements): padded to the longest, gathered, trimmed."""
+    longest = max(max(lengths), 1)  # never a zero-sized collective
+    padded = torch.zeros(longest, dtype=flat.dtype, device=flat.device)
+    padded[:flat.numel()] = flat
+    gathered = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(gathered, padded, group=group)
+    return [t[:n] for t, n in zip(gathered, lengths)]
+
+
+def all_gather_json(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's JSON-serializable `value`, in rank order of `group` (a collective; no pickle).
+
+    The value travels as UTF-8 JSON in a uint8 tensor: the lengths are gathered first, then the
+    bytes, padded to the longest. JSON turns tuples into lists, as it does anywhere.
+    """
+    device = collective_device(group)
+    data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device), group=group)
+    chunks = _all_gather_padded(data, [int(n.item()) for n in sizes], group)
+    return [json.loads(bytes(chunk.cpu().tolist()).decode()) for chunk in chunks]
+
+
+def all_gather_tensors(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None = None, *,
+                       shapes: list[list[list[int]]] | None = None) -> list[list[torch.Tensor]]:
+    """Every rank's list of tensors (any count, any shapes), in rank order of `group`, in fp32 on the CPU.
+
+    Each rank's tensors are flattened into one fp32 buffer; the buffers are padded to the longest,
+    gathered and split again. `shapes` is every rank's list of shapes when the caller has already
+    gathered them (with its own metadata, through `all_gather_json`); otherwise they are gathered here.
+    A collective: every rank calls it.
+    """
+    if shapes is None:
+        shapes = all_gather_json([list(t.shape) for t in tensors], group)
+    device = collective_device(group)
+    flat = (torch.cat([t.detach().reshape(-1).to(device, torch.float32) for t in tensors]) if tensors
+            else torch.zeros(0, dtype=torch.float32, device=device))
+    numels = [[math.prod(shape) for shape in rank_shapes] for rank_shapes in shapes]
+    buffers = _all_gather_padded(flat, [sum(n) for n in numels], group)
+    out: list[list[torch.Tensor]] = []
+    for buffer, rank_shapes, rank_numels in zip(buffers, shapes, numels):
+        pieces = buffer.cpu().split(rank_numels) if rank_numels else ()
+        out.append([piece.reshape(shape).clone() for piece, shape in zip(pieces, rank_shapes)])
+    return out
 
 
 def original_names(name: str, param: nn.Parameter, infixes: tuple[str, ...] = FSDP1_INFIXES) -> list[str]:

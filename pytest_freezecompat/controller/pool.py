@@ -2,10 +2,11 @@
 
 A fresh launch costs seconds (torch alone ~1.3 s here, the big frameworks far
 more); a warm rank runs a cell in a fraction of that. Each cell gets its own
-rendezvous store (owned by the controller, listening on loopback only) and a
-fresh process group. A cell that hangs, crashes a rank or errors on one rank
-only ends with every rank's story; the pool is then killed (whole process
-groups, so framework helper processes go too) and restarted for the next cell.
+key prefix in the pool's rendezvous store (owned by the controller, listening on
+loopback only, joined once per rank at start-up) and a fresh process group. A
+cell that hangs, crashes a rank or errors on one rank only ends with every
+rank's story; the pool is then killed (whole process groups, so framework helper
+processes go too) and restarted for the next cell.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ ERROR_GRACE_S = 5.0
 STACK_DUMP_WAIT_S = 10.0
 #: How often the controller wakes to check for dead ranks while waiting.
 POLL_S = 0.2
-#: Joining a fresh gloo group takes milliseconds; a join stuck this long is a harness hiccup (seen
-#: about once in 150 cells on a loaded 2-core machine), not the framework's doing: restart and retry once.
+#: Joining a fresh gloo group takes milliseconds. It used to stall now and then: every fresh TCPStore
+#: client formatted its socket address (::ffff:127.0.0.1) with getnameinfo, a reverse DNS query the
+#: resolver sometimes waited 5 s or more on. Ranks now connect to the pool's store once, at start-up, so
+#: a join does no DNS; a join stuck this long is still retried once, and the retry is counted and reported.
 RENDEZVOUS_TIMEOUT_S = 30.0
 #: Leaving a cell's group takes milliseconds (ranks meet in a 10 s monitored barrier at most); past this
 #: the pool is restarted before the next cell, so a stuck teardown is never blamed on the next cell.
@@ -52,7 +55,8 @@ class PoolError(RuntimeError):
 
 
 def _loopback_store(timeout_s: float) -> tuple[Any, int]:
-    """A fresh rendezvous store per cell, listening on 127.0.0.1 only (torchrun's agent-store role)."""
+    """The pool's rendezvous store, listening on 127.0.0.1 only (torchrun's agent-store role). One per
+    pool generation: each rank connects once at start-up, and each cell gets its own key prefix."""
     import torch.distributed as dist
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -88,6 +92,7 @@ class RankPool:
         self._conns: list[Connection] = []
         self._generation = 0
         self._cell_index = 0
+        self._store: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -103,7 +108,8 @@ class RankPool:
         self.close()
         self._generation += 1
         started = time.perf_counter()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        self._store, port = _loopback_store(STARTUP_TIMEOUT_S)
+        env = {**os.environ, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_USE_AGENT_STORE": "True",
                "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size), "NODE_RANK": "0",
                "GROUP_RANK": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
@@ -157,6 +163,7 @@ class RankPool:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
+        self._store = None  # after the ranks are gone: the server stops and its port is released
 
     # -- one cell ----------------------------------------------------------------------------
     def run(self, cell: Cell, timeout_s: float) -> CellRun:
@@ -164,12 +171,8 @@ class RankPool:
         for attempt in (1, 2):
             fresh_start_s = None if self.alive else self.start()
             self._cell_index += 1
-            store, port = _loopback_store(timeout_s)
             states = [RankState(rank) for rank in range(self.world_size)]
-            try:
-                outcome = self._dispatch(cell, port, states, time.monotonic() + timeout_s)
-            finally:
-                del store
+            outcome = self._dispatch(cell, states, time.monotonic() + timeout_s)
             stuck_leaving = self._not_left() if outcome is Outcome.DONE else None
             if stuck_leaving:
                 notes.append(f"{stuck_leaving}; the pool was restarted before the next cell")
@@ -186,9 +189,9 @@ class RankPool:
             outcome = Outcome.TIMEOUT
         return CellRun(outcome, states, fresh_start_s, notes, retries)
 
-    def _dispatch(self, cell: Cell, port: int, states: list[RankState], deadline: float) -> Outcome:
+    def _dispatch(self, cell: Cell, states: list[RankState], deadline: float) -> Outcome:
         for conn in self._conns:
-            conn.send(RunCell(self._cell_index, cell, port))
+            conn.send(RunCell(self._cell_index, cell))
         pending = set(range(self.world_size))
         first_error_at: float | None = None
         rendezvous_deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S

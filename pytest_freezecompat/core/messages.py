@@ -19,9 +19,8 @@ RENDEZVOUS_PHASE = "init process group"
 
 @dataclass(frozen=True)
 class RunCell:
-    index: int
+    index: int  # unique per pool: the cell's key prefix in the pool's store
     cell: Cell
-    store_port: int
 
 
 @dataclass(frozen=True)

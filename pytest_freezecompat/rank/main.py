@@ -44,21 +44,30 @@ def _device_for(cell_device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _init_group(backend: str, device: torch.device) -> None:
+def _connect_store() -> dist.Store:
+    """This rank's client of the pool's store, made once at start-up. A fresh TCPStore client per cell
+    stalled a join for 5 s now and then: c10d formats the new socket's address with getnameinfo, a
+    reverse DNS query for ::ffff:127.0.0.1 that /etc/hosts does not answer."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                         datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
+
+
+def _init_group(backend: str, device: torch.device, store: dist.Store, index: int) -> None:
     kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S)}
     if device.type == "cuda":
         kwargs["device_id"] = device
-    dist.init_process_group(backend, init_method="env://", **kwargs)
+    # Each cell's keys live under their own prefix (torchrun's per-attempt prefix on its agent store).
+    dist.init_process_group(backend, store=dist.PrefixStore(f"/cell_{index}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
 
 
-def _run_one(conn: Connection, message: RunCell) -> RankRecord:
+def _run_one(conn: Connection, message: RunCell, store: dist.Store) -> RankRecord:
     rank = int(os.environ["RANK"])
-    os.environ["MASTER_PORT"] = str(message.store_port)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(message.index)
     try:
         device = _device_for(message.cell.device, int(os.environ["LOCAL_RANK"]))
         conn.send(Phase(RENDEZVOUS_PHASE))
-        _init_group("nccl" if device.type == "cuda" else "gloo", device)
+        _init_group("nccl" if device.type == "cuda" else "gloo", device, store, message.index)
         conn.send(Phase("process group ready"))
         return run_cell(message.cell, rank, device, lambda text: conn.send(Phase(text)))
     except Exception as exc:
@@ -106,6 +115,7 @@ def main(fd: int, stack_file: str, preload: list[str]) -> None:
                 importlib.import_module(module)
             except Exception as exc:  # the cell that needs it reports the import error itself
                 print(f"preload of {module} failed: {exc!r}", file=sys.stderr)
+        store = _connect_store()
         conn.send(Ready(os.getpid(), time.perf_counter() - started))
         while True:
             try:
@@ -116,7 +126,7 @@ def main(fd: int, stack_file: str, preload: list[str]) -> None:
                 return
             # The record goes first: leaving the group can hang after a framework raised, and the
             # controller must not wait on that for the cell's facts (it waits for Left separately).
-            conn.send(Reply(_run_one(conn, message)))
+            conn.send(Reply(_run_one(conn, message, store)))
             _leave_group()
             conn.send(Left())
 

@@ -41,6 +41,7 @@ from ...core.cell import Cell
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, Batch, LossOf, RunContext, apply_freeze
 from ..loop import train
+from ..views import all_gather_json, all_gather_tensors
 from . import WRAPPERS
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 64, 8, 16, 2, 4
@@ -193,15 +194,21 @@ def fill_deterministic(model: nn.Module, names: dict[str, str], dims: dict[str, 
 
 
 def _gather_full(local: dict[str, tuple[int | None, torch.Tensor | None]]) -> dict[str, torch.Tensor | None]:
-    """{full name: (partition dim or None, this rank's tensor)} on every rank -> full tensors (a collective)."""
+    """{full name: (partition dim or None, this rank's tensor)} on every rank -> full tensors (a collective).
+
+    Metadata travels as JSON and the tensors as one fp32 buffer per rank: nothing is unpickled.
+    """
     tp_rank = ps.get_tensor_model_parallel_rank()
-    mine = {name: (tp_rank, dim, None if t is None else t.detach().to("cpu", torch.float32).clone())
-            for name, (dim, t) in local.items()}
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    sent = [t for _, t in local.values() if t is not None]
+    meta = [[name, tp_rank, dim, None if t is None else list(t.shape)] for name, (dim, t) in local.items()]
+    everyone = all_gather_json(meta)
+    tensors = all_gather_tensors(sent, shapes=[[shape for *_, shape in entries if shape is not None]
+                                               for entries in everyone])
     shards: dict[str, dict[int, tuple[int | None, torch.Tensor | None]]] = {}
-    for entry in everyone:
-        for name, (rank, dim, tensor) in entry.items():
+    for entries, received in zip(everyone, tensors):
+        arrived = iter(received)
+        for name, rank, dim, shape in entries:
+            tensor = None if shape is None else next(arrived)
             shards.setdefault(name, {}).setdefault(rank, (dim, tensor))  # data-parallel replicas: keep one
     full: dict[str, torch.Tensor | None] = {}
     for name, by_rank in shards.items():
@@ -244,9 +251,8 @@ class _View:
     def tracked_names(self) -> set[str]:
         by_id = {id(p): name for name, p in self._params()}
         local = {by_id[id(p)] for p in _optimizer_model_params(self.optimizer)}
-        everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, sorted(local))  # the distributed optimizer holds a shard per rank
-        return set().union(*everyone)
+        # the distributed optimizer holds a shard per rank
+        return set().union(*all_gather_json(sorted(local)))
 
     def full_params(self) -> dict[str, torch.Tensor]:
         return _gather_full({name: (self.dims[name], p) for name, p in self._params()})
