@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,11 @@ def test_pytest_help_with_the_plugin_installed_imports_no_torch(tmp_path: Path) 
     assert "pytest_freezecompat.plugin" in found["modules"], "the plugin is not installed in this environment"
     assert not [m for m in found["modules"] if m.split(".")[0] in ("torch", "numpy")
                 or m.startswith(("pytest_freezecompat.controller", "pytest_freezecompat.spec"))]
+
+
+def test_no_code_unpickles_what_peers_send_over_a_socket() -> None:
+    """The `*_object` collectives pickle over the process group's sockets; ranks gather with tensors and JSON."""
+    pickling = re.compile(r"\b(all_gather_object|gather_object|broadcast_object_list|scatter_object_list|"
+                          r"recv_object_list|send_object_list|pickle\.loads?)\(")
+    assert [f"{p.relative_to(PACKAGE)}:{n}" for p in MODULES
+            for n, line in enumerate(p.read_text().splitlines(), 1) if pickling.search(line)] == []

@@ -155,3 +155,10 @@ def test_merge_gives_each_red_cell_its_cause_and_the_tables_show_it(tmp_path):
     assert "❌❄" in md and "❌ˢ" in md and "| 1 | 2 | 0 | 0 | 4 |" in md  # red by freeze, stack, both, harness
     html = (tmp_path / "all/matrix.html").read_text()
     assert 'data-cause="freeze"' in html and 'id="filter-cause"' in html
+
+
+def test_the_report_counts_cells_that_needed_a_rendezvous_retry():
+    cells = [cell(), cell(freeze="embedding", rendezvous_retries=1)]
+    md = markdown.render(write.build(ENVS, cells))
+    assert ("Rendezvous retries (harness): 1 cell(s) were rerun because joining their fresh process group hung: "
+            "`tiny-gpt/torch/ddp/eager/none/embedding`.") in md
