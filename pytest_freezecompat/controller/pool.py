@@ -250,10 +250,15 @@ class RankPool:
             if proc.poll() is None and state.record is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGUSR1)
-                asked.append(self._paths(state.rank)[1])
+                asked.append((proc, self._paths(state.rank)[1]))
+
+        def waiting() -> bool:  # a live rank whose dump has not started (a rank that died meanwhile has none)
+            return any(proc.poll() is None and (not path.exists() or path.stat().st_size == 0)
+                       for proc, path in asked)
+
         # On a loaded machine a dump can take a while to start; wait for each file, then let it finish.
         deadline = time.monotonic() + STACK_DUMP_WAIT_S
-        while any(not p.exists() or p.stat().st_size == 0 for p in asked) and time.monotonic() < deadline:
+        while waiting() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         time.sleep(POLL_S)
         for state, proc in zip(states, self._procs):
