@@ -157,7 +157,7 @@ def rank_pool() -> Iterator[pool.RankPool]:
     try:
         yield ranks
     finally:
-        ranks.close()
+        ranks.shutdown()  # ranks and their folder
 
 
 def _cells(select: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def pool() -> Iterator[RankPool]:
     try:
         yield ranks
     finally:
-        ranks.close()
+        ranks.shutdown()  # ranks and their folder
 
 
 def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none") -> Cell:
