@@ -263,6 +263,7 @@ class MatrixSession:
         if folded is not None:
             kept = f"; {folded.from_other_runs} kept from earlier or concurrent runs" if folded.from_other_runs else ""
             aside = f"; an unreadable matrix.json was moved to {folded.set_aside}" if folded.set_aside else ""
+            aside += f"; {folded.unusable_lines} damaged journal line(s) left out" if folded.unusable_lines else ""
             self._report_line = (f"report: {folded.path} (+ .md, .html): {folded.cells} cells, "
                                  f"{len(self._run.results)} from this run{kept}{aside}")
 

@@ -57,6 +57,15 @@ def test_a_killed_run_leaves_its_cells_for_the_next_fold(tmp_path):
     assert not list((tmp_path / JOURNALS).iterdir())
 
 
+def test_a_damaged_journal_line_is_left_out_and_counted_not_folded_into_the_report(tmp_path):
+    run = ReportDirectory(tmp_path)
+    run.append(row("none"), ENVS["torch"])
+    run._journal.write('{"cell": {"status": "pass"}}\n[1, 2]\n')  # parses, but no report row
+    folded = run.close(keep)
+    assert (folded.cells, folded.unusable_lines) == (1, 2)
+    assert statuses(tmp_path) == {"none": "pass"}  # and matrix.json still loads
+
+
 def test_an_unreadable_report_is_set_aside_not_dropped(tmp_path):
     (tmp_path / "matrix.json").write_text("{ not json")
     run = ReportDirectory(tmp_path)

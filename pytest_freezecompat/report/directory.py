@@ -68,6 +68,7 @@ class Folded:
     cells: int
     from_other_runs: int
     set_aside: Path | None = None  # an unreadable matrix.json found there, renamed rather than dropped
+    unusable_lines: int = 0  # journal lines that parse but are no report row (a damaged file), left out
 
 
 def _try_lock(handle: Any) -> bool:
@@ -79,14 +80,13 @@ def _try_lock(handle: Any) -> bool:
 
 
 def _read_journal(path: Path) -> Iterator[dict[str, Any]]:
-    """Every complete line; a line cut short by a kill is skipped."""
+    """Every complete line (a line cut short by a kill is skipped); JSON that is no table comes as `{}`."""
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(entry, dict):
-            yield entry
+        yield entry if isinstance(entry, dict) else {}
 
 
 class ReportDirectory:
@@ -140,17 +140,20 @@ class ReportDirectory:
         with self._locked():
             environments, cells, set_aside = self._existing()
             finished: list[Path] = []
+            unusable = 0
             for journal in sorted((self.path / JOURNALS).glob("*.jsonl")):
                 mine = journal == self.journal_path
                 with open(journal, "a") as handle:
                     ended = not mine and _try_lock(handle)
                     for entry in _read_journal(journal):
-                        if "cell" in entry:
-                            row = entry["cell"]
+                        # Only rows a report may hold: one damaged line must not make matrix.json unreadable.
+                        if "cell" in entry and schema.cell_problem(row := entry["cell"]) is None:
                             if row.get("finished_at", "") >= cells.get(row["id"], {}).get("finished_at", ""):
                                 cells[row["id"]] = row
-                        elif "environment" in entry:
+                        elif type(entry.get("environment")) is str and type(entry.get("info")) is dict:
                             environments[entry["environment"]] = entry["info"]
+                        else:
+                            unusable += 1
                 if ended:
                     finished.append(journal)
             if not cells:
@@ -159,7 +162,7 @@ class ReportDirectory:
             write.write(self.path, write.build(environments, rows))
             for journal in finished:
                 journal.unlink(missing_ok=True)
-        return Folded(self.path / "matrix.json", len(rows), len(set(cells) - self.mine), set_aside)
+        return Folded(self.path / "matrix.json", len(rows), len(set(cells) - self.mine), set_aside, unusable)
 
     def _existing(self) -> tuple[dict[str, Any], dict[str, Row], Path | None]:
         """The report as it is now; one that cannot be read is renamed aside, never silently dropped."""

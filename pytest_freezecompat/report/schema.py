@@ -140,6 +140,15 @@ def _say(found: tuple[str, str]) -> str:
     return f"field {where}: {what}" if where else what
 
 
+def cell_problem(cell: Any) -> str | None:
+    """What keeps `cell` from being a report row (`field status: ...`), or None: for reports and journals alike."""
+    if found := _problem(cell, CELL):
+        return _say(found)
+    if cell["status"] not in STATUSES:
+        return f"field status: {cell['status']!r} is not one of {', '.join(STATUSES)}"
+    return None
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """The report at `path`, every cell checked against `CELL`; a ReportError (one line) for anything else."""
     path = Path(path)
@@ -164,9 +173,6 @@ def load(path: str | Path) -> dict[str, Any]:
     for index, cell in enumerate(cells):
         cell_id = cell.get("id") if type(cell) is dict else None
         label = f"cell {cell_id}" if type(cell_id) is str and cell_id.isprintable() else f"cells[{index}]"
-        if found := _problem(cell, CELL):
-            raise ReportError(f"{path}: corrupt report ({label}: {_say(found)})")
-        if cell["status"] not in STATUSES:
-            raise ReportError(f"{path}: corrupt report ({label}: field status: {cell['status']!r} is not one of "
-                              f"{', '.join(STATUSES)})")
+        if problem := cell_problem(cell):
+            raise ReportError(f"{path}: corrupt report ({label}: {problem})")
     return data
