@@ -143,6 +143,13 @@ class RankPool:
                 raise PoolError(f"rank {rank} sent {type(ready).__name__} before it was ready")
         return time.perf_counter() - started
 
+    def restart(self) -> float:
+        """Replace the ranks (as after a crash); returns seconds taken."""
+        started = time.perf_counter()
+        self.close()
+        self.start()
+        return time.perf_counter() - started
+
     def shutdown(self) -> None:
         """Close for good: ranks and their log/stack folder."""
         self.close()
@@ -172,8 +179,11 @@ class RankPool:
             fresh_start_s = None if self.alive else self.start()
             self._cell_index += 1
             states = [RankState(rank) for rank in range(self.world_size)]
+            dispatched = time.perf_counter()
             outcome = self._dispatch(cell, states, time.monotonic() + timeout_s)
-            stuck_leaving = self._not_left() if outcome is Outcome.DONE else None
+            dispatch_s = time.perf_counter() - dispatched
+            leave_s: list[float] = []
+            stuck_leaving = self._not_left(leave_s) if outcome is Outcome.DONE else None
             if stuck_leaving:
                 notes.append(f"{stuck_leaving}; the pool was restarted before the next cell")
                 self.close()
@@ -187,7 +197,7 @@ class RankPool:
         retries = attempt - 1
         if outcome is Outcome.RENDEZVOUS_HANG:
             outcome = Outcome.TIMEOUT
-        return CellRun(outcome, states, fresh_start_s, notes, retries)
+        return CellRun(outcome, states, fresh_start_s, notes, retries, dispatch_s, leave_s[0] if leave_s else None)
 
     def _dispatch(self, cell: Cell, states: list[RankState], deadline: float) -> Outcome:
         for conn in self._conns:
@@ -222,8 +232,9 @@ class RankPool:
                 return Outcome.CRASH
         return Outcome.DONE
 
-    def _not_left(self) -> str | None:
-        """Wait for every rank's Left after a finished cell; None when all left, else what went wrong."""
+    def _not_left(self, seconds: list[float]) -> str | None:
+        """Wait for every rank's Left after a finished cell; None when all left, else what went wrong.
+        Each rank's time to leave is appended to `seconds`."""
         deadline = time.monotonic() + LEAVE_TIMEOUT_S
         for rank, conn in enumerate(self._conns):
             proc = self._procs[rank]
@@ -241,6 +252,7 @@ class RankPool:
                 return died.format("closed its pipe" if proc.poll() is None else _describe_exit(proc.returncode))
             if not isinstance(message, Left):
                 return f"rank {rank} sent {type(message).__name__} instead of leaving the cell's process group"
+            seconds.append(message.seconds)
         return None
 
     def _collect_stories(self, states: list[RankState]) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..core.cell import Cell
 from ..core.names import short_paths
-from ..core.records import CellRecord, Status
+from ..core.phases import KINDS
+from ..core.records import CellRecord, CellRun, Status
 from ..report import schema
 from ..report.directory import Folded, ReportDirectory
 from ..spec import known_issues
@@ -70,6 +71,19 @@ def _record(cell: Cell, repro: str, status: Status, message: str, **fields: Any)
                       precision=cell.precision, emulation=fields.pop("emulation", False), status=status.value,
                       message=message, repro=repro,
                       rule_known_issue=cell.known_issue, **fields)
+
+
+def _phases(run: CellRun, judge_s: float) -> dict[str, float]:
+    """Where the cell's time went (`core.phases.KINDS`): rank 0's phases, and what only the controller saw."""
+    lead = run.ranks[0].record
+    spent = dict(lead.phases_s) if lead else {}
+    spent["dispatch"] = max(0.0, run.dispatch_s - sum(spent.values()))
+    if run.fresh_start_s is not None:
+        spent["restart"] = run.fresh_start_s
+    if run.leave_s is not None:
+        spent["leave"] = run.leave_s
+    spent["judge"] = judge_s
+    return {kind: round(spent[kind], 4) for kind in (*KINDS, "other") if kind in spent}
 
 
 class MatrixRun:
@@ -140,15 +154,18 @@ class MatrixRun:
             return self._annotated(_record(
                 cell, repro, Status.ERROR, f"the controller raised {type(exc).__name__}: {exc} "
                 f"({short_paths(where.filename)}:{where.lineno} in {where.name})", cause="harness"))
+        judging = time.perf_counter()
         verdict = checks.judge(run, cell, self.options.timeout_s)
         facts = checks.run_facts(run, cell)
+        judge_s = time.perf_counter() - judging
         record = _record(cell, repro, verdict.status, verdict.message, check=verdict.check,
                          failures=[failure.to_json() for failure in verdict.failures],
                          cause="harness" if verdict.harness else None, raised_in=verdict.raised_in,
                          notes=run.notes + verdict.notes, rank_details=checks.rank_details(run),
                          duration_s=round(time.perf_counter() - started, 3),
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3),
-                         rendezvous_retries=run.rendezvous_retries or None, **facts)
+                         rendezvous_retries=run.rendezvous_retries or None, phases_s=_phases(run, judge_s),
+                         **facts)
         return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:

@@ -46,4 +46,4 @@ class Reply:
 
 @dataclass(frozen=True)
 class Left:
-    pass
+    seconds: float  # how long tearing the cell's group down took

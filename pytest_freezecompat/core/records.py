@@ -95,6 +95,8 @@ class RankRecord:
     reference_mixed: list[StepFacts] | None = None
     init_matches_eager: bool = True
     error: RankError | None = None
+    #: Seconds per phase kind (`core.phases`), this rank's view.
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,6 +120,8 @@ class CellRun:
     fresh_start_s: float | None = None  # the pool was (re)started for this cell, taking this long
     notes: list[str] = field(default_factory=list)
     rendezvous_retries: int = 0  # joining the cell's fresh group hung, so the pool restarted and ran it again
+    dispatch_s: float = 0.0  # from sending the cell to the last reply, as the controller saw it
+    leave_s: float | None = None  # rank 0 tearing the cell's group down (None when the pool was restarted)
 
 
 @dataclass
@@ -152,6 +156,8 @@ class CellRecord:
     known_issue: dict[str, Any] | None = None  # filled by `spec.known_issues.annotate_cell`
     #: Times the cell was rerun because joining its fresh process group hung (a harness event, counted).
     rendezvous_retries: int | None = None
+    #: Seconds per phase kind (`core.phases.KINDS`): rank 0's phases plus what the controller saw.
+    phases_s: dict[str, float] | None = None
 
     @property
     def id(self) -> str:
@@ -162,7 +168,7 @@ class CellRecord:
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
         for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
-                         "rendezvous_retries"):
+                         "rendezvous_retries", "phases_s"):
             if data[optional] is None:
                 del data[optional]
         return data

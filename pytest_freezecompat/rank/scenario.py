@@ -21,6 +21,7 @@ from ..adapters.base import Adapter, Batch, LossOf, ModelView, RunContext
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, resolve
 from ..core.names import import_ref, short_paths
+from ..core.phases import kind_of
 from ..core.records import PlanFacts, RankError, RankRecord, StepFacts
 from . import reference
 
@@ -39,10 +40,22 @@ class Recorder:
         self.record = RankRecord(rank=rank)
         self.step: int | None = None  # the training step under way; None during setup
         self.initial_params: dict[str, torch.Tensor] | None = None
+        self._phase_started = time.perf_counter()
 
     def phase(self, text: str) -> None:
+        self._charge_phase()
         self.record.phase = text
         self._send_phase(text)
+
+    def _charge_phase(self) -> None:
+        """Charge the time since the last phase began to that phase's kind."""
+        now = time.perf_counter()
+        kind = kind_of(self.record.phase)
+        self.record.phases_s[kind] = self.record.phases_s.get(kind, 0.0) + now - self._phase_started
+        self._phase_started = now
+
+    def finished(self) -> None:
+        self._charge_phase()
 
     def note(self, text: str) -> None:
         self.record.notes.append(text)
@@ -204,4 +217,5 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
             _reference(cell, adapter, plans[0], recorder.initial_params, batches, loss, record)
         except Exception as exc:  # our own reference failing is an error of the cell, named as such
             record.error = describe_error(exc, "reference", rank)
+    recorder.finished()
     return record

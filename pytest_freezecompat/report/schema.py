@@ -61,7 +61,8 @@ CELL = Table(
               "grad_norm_source": STRING_OR_NULL, "rank_details": ListOf(RANK_DETAIL), "duration_s": "number",
               "emulated": (STRINGS, "null"), "pool_start_s": ("number", "null"), "raised_in": STRING_OR_NULL,
               "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null"),
-              "finished_at": "string", "rendezvous_retries": "integer"})
+              "finished_at": "string", "rendezvous_retries": "integer",
+              "phases_s": Table()})
 #: An `environments` value (`environment_info`).
 ENVIRONMENT = Table(optional={"python": "string", "torch": STRING_OR_NULL, "frameworks": Table(), "device": "string",
                               "backend": "string", "platform": "string"})

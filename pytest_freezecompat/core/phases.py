@@ -1,0 +1,34 @@
+"""Where a cell's time goes: the free-text phases ranks report, sorted into a few kinds.
+
+A rank reports phases as it goes (`Probe.phase`, shown on a hang); the time between one phase and the
+next is charged to the first one's kind. The controller adds what only it sees. The benchmark and the
+README's performance table read these per-cell sums (`phases_s` in a report row).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .messages import RENDEZVOUS_PHASE
+
+#: Kinds in the order a cell meets them. `prepare`: data, adapter import, shim; `groups`: a framework's own
+#: parallel state (Megatron's model-parallel groups); `dispatch`: the pipe both ways and what the rank does
+#: outside its phases (the controller's wall time minus rank 0's phases); `judge`: the verdict.
+KINDS = ("restart", "join", "prepare", "groups", "build", "wrap", "steps", "probes", "reference", "leave",
+         "dispatch", "judge")
+
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(pattern)) for kind, pattern in (
+    ("join", re.escape(RENDEZVOUS_PHASE)),
+    ("prepare", r"process group ready|setup$"),
+    ("groups", r"initialize_model_parallel"),
+    ("build", r"build model|LazyInitContext"),
+    ("wrap", r"wrap \(|boost \(|build optimizer|Trainer init"),
+    ("probes", r"read state|step \d+: read "),
+    ("steps", r"step \d+: "),
+    ("reference", r"reference"),
+))
+
+
+def kind_of(phase: str) -> str:
+    """The kind a rank's phase text belongs to (`other` for an adapter's phase no rule knows)."""
+    return next((kind for kind, pattern in _RULES if pattern.search(phase)), "other")
