@@ -35,6 +35,18 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int | None:
+    fields = _read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
 class MatrixProcess:
     """One `pytest --freeze-matrix` of our own, in `cwd`, with its own marker and TMPDIR."""
 
@@ -65,8 +77,10 @@ class MatrixProcess:
             time.sleep(0.1)
 
     def ranks(self) -> list[int]:
-        return [pid for pid in processes_with(self.marker) if pid != self.proc.pid
-                and b"pytest_freezecompat.rank.main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        """The ranks: children of the pool's templates (forked, they share their template's command line)."""
+        ours = processes_with(self.marker)
+        templates = {pid for pid in ours if b"pytest_freezecompat.rank.template" in _read(f"/proc/{pid}/cmdline")}
+        return [pid for pid in ours if _parent(pid) in templates]
 
     def output(self, timeout_s: float = 180) -> str:
         return self.proc.communicate(timeout=timeout_s)[0].decode()

@@ -1,7 +1,9 @@
 """Warm rank processes: start once, serve cell after cell, and survive hangs and crashes.
 
 A fresh launch costs seconds (torch alone ~1.3 s here, the big frameworks far
-more); a warm rank runs a cell in a fraction of that. Each cell gets its own
+more); a warm rank runs a cell in a fraction of that. Ranks are forked from one
+template per rank slot that imported everything once (`rank.template`), so a
+restart after a crash takes milliseconds, not a new interpreter. Each cell gets its own
 key prefix in the pool's rendezvous store (owned by the controller, listening on
 loopback only, joined once per rank at start-up) and a fresh process group. A
 cell that hangs, crashes a rank or errors on one rank only ends with every
@@ -21,15 +23,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from ..core.cell import Cell
-from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell, Stop
+from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Fork, Left, Phase, Ready, Reply, RunCell, Stop
 from ..core.names import short_paths
 from ..core.records import CellRun, Outcome, RankState
+from .templates import ForkedRank, Template, TemplateError
 
 #: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
 STARTUP_TIMEOUT_S = 180.0
@@ -48,6 +50,8 @@ RENDEZVOUS_TIMEOUT_S = 30.0
 #: the pool is restarted before the next cell, so a stuck teardown is never blamed on the next cell.
 LEAVE_TIMEOUT_S = 20.0
 LOG_TAIL_LINES = 25
+#: A SIGKILLed rank is reaped by its template within milliseconds; past this we go on without its exit code.
+KILL_WAIT_S = 5.0
 
 
 class PoolError(RuntimeError):
@@ -88,7 +92,8 @@ class RankPool:
         self.world_size = world_size
         self.preload = preload
         self._workdir = Path(tempfile.mkdtemp(prefix="freezecompat-pool-"))
-        self._procs: list[subprocess.Popen] = []
+        self._templates: list[Template] = []
+        self._procs: list[ForkedRank] = []
         self._conns: list[Connection] = []
         self._generation = 0
         self._cell_index = 0
@@ -103,32 +108,57 @@ class RankPool:
         stem = self._workdir / f"gen{self._generation}-rank{rank}"
         return stem.with_suffix(".log"), stem.with_suffix(".stack")
 
+    def _environment(self) -> dict[str, str]:
+        return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                # Inductor's compile-worker pool (a subprocess and a reader thread, started by some imports)
+                # would make the template unsafe to fork; the matrix compiles nothing.
+                "TORCHINDUCTOR_COMPILE_THREADS": "1",
+                "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size), "NODE_RANK": "0",
+                "GROUP_RANK": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                "PYTHONUNBUFFERED": "1", CONTROLLER_PID: str(os.getpid())}
+
+    def _start_templates(self, deadline: float) -> None:
+        """One template per rank slot, with the slot's environment, each importing the frameworks once."""
+        self._stop_templates()
+        env = self._environment()
+        self._templates = [Template(rank, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, self.preload,
+                                    self._workdir / f"template-rank{rank}.log")
+                           for rank in range(self.world_size)]
+        for template in self._templates:
+            try:
+                template.wait_ready(deadline)
+            except TemplateError as exc:
+                tail = _tail(template.log_path, 5).replace("\n", " | ")
+                self._stop_templates()
+                raise PoolError(f"rank {template.rank} failed to start ({exc}): {tail}") from None
+
+    def _stop_templates(self) -> None:
+        for template in self._templates:
+            template.stop()
+        self._templates = []
+
     def start(self) -> float:
-        """Start `world_size` ranks and wait until their imports are done; returns seconds taken."""
+        """Fork `world_size` fresh ranks from the templates (started first if needed); returns seconds taken."""
         self.close()
         self._generation += 1
         started = time.perf_counter()
-        self._store, port = _loopback_store(STARTUP_TIMEOUT_S)
-        env = {**os.environ, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_USE_AGENT_STORE": "True",
-               "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size), "NODE_RANK": "0",
-               "GROUP_RANK": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-               "PYTHONUNBUFFERED": "1", CONTROLLER_PID: str(os.getpid())}
-        for rank in range(self.world_size):
-            parent_end, child_end = Pipe()
-            log_path, stack_path = self._paths(rank)
-            with open(log_path, "w") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "pytest_freezecompat.rank.main", str(child_end.fileno()), str(stack_path),
-                     ",".join(self.preload)],
-                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(child_end.fileno(),), start_new_session=True,
-                )
-            child_end.close()
-            self._procs.append(proc)
-            self._conns.append(parent_end)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        if not self._templates or not all(t.alive for t in self._templates):
+            self._start_templates(deadline)
+        self._store, port = _loopback_store(STARTUP_TIMEOUT_S)
+        for rank, template in enumerate(self._templates):
+            log_path, stack_path = self._paths(rank)
+            request = Fork({"MASTER_PORT": str(port), "TMPDIR": str(log_path.with_suffix(".tmp"))},
+                           str(log_path), str(stack_path))
+            try:
+                proc, conn = template.fork(request)
+            except TemplateError as exc:
+                self.close()
+                self._stop_templates()
+                raise PoolError(f"rank {rank}'s template {exc}") from None
+            self._procs.append(proc)
+            self._conns.append(conn)
         for rank, conn in enumerate(self._conns):
             while not conn.poll(POLL_S):
                 if self._procs[rank].poll() is not None or time.monotonic() > deadline:
@@ -151,8 +181,9 @@ class RankPool:
         return time.perf_counter() - started
 
     def shutdown(self) -> None:
-        """Close for good: ranks and their log/stack folder."""
+        """Close for good: ranks, templates and their log/stack folder."""
         self.close()
+        self._stop_templates()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     def close(self) -> None:
@@ -166,7 +197,8 @@ class RankPool:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            proc.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # its template reports the exit at once
+                proc.wait(timeout=KILL_WAIT_S)
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []

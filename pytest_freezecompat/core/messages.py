@@ -1,5 +1,8 @@
-"""Messages on the pipe between the controller and a rank (our own processes only, never a socket).
+"""Messages on the pipes between the controller, its rank templates and the ranks (our own processes only,
+never a network socket).
 
+  controller -> template: Fork (+ the rank's end of a fresh pipe, passed as a file descriptor) | Stop
+  template -> controller: TemplateReady, then Forked per Fork, Exited per rank that ended
   controller -> rank: RunCell | Stop
   rank -> controller: Ready, then per cell: Phase* , Reply, Left (its group torn down)
 """
@@ -15,6 +18,33 @@ from .records import RankRecord
 CONTROLLER_PID = "FREEZECOMPAT_CONTROLLER_PID"
 #: The phase a rank reports while it joins the cell's fresh process group (the harness, not the framework).
 RENDEZVOUS_PHASE = "init process group"
+
+
+@dataclass(frozen=True)
+class TemplateReady:
+    pid: int
+    import_s: float
+    threads: int  # the template's threads after its imports: a fork copies only the calling one
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Fork a rank: its environment on top of the template's, its log and stack files."""
+
+    env: dict[str, str]
+    log_path: str
+    stack_path: str
+
+
+@dataclass(frozen=True)
+class Forked:
+    pid: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    pid: int
+    returncode: int  # as `subprocess` gives it: negative for a signal
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
 """The rank's loop: receive a cell over the pool's pipe, join a fresh group, run it, reply.
 
-Started by the controller's pool as `python -m pytest_freezecompat.rank.main FD STACKFILE PRELOAD`,
-in its own process session so the pool can kill the rank with every helper it spawned. The
-messages on the pipe are `core.messages` (our own processes only).
+Forked by its slot's template (`rank.template`), in its own process session so the pool can kill the
+rank with every helper it spawned. The messages on the pipe are `core.messages` (our own processes only).
 """
 
 from __future__ import annotations
@@ -11,21 +10,17 @@ import contextlib
 import datetime
 import faulthandler
 import gc
-import importlib
 import os
-import shutil
 import signal
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell
+from ..core.messages import RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell
 from ..core.records import RankRecord
 from .scenario import describe_error, run_cell
 
@@ -33,7 +28,7 @@ from .scenario import describe_error, run_cell
 PROCESS_GROUP_TIMEOUT_S = 600
 #: How long a rank waits for its peers before leaving a cell's group (they are normally already there).
 LEAVE_BARRIER_S = 10
-#: How often a rank checks that its controller is still its parent.
+#: How often a rank checks that its template is still its parent.
 WATCHDOG_S = 0.5
 
 
@@ -92,39 +87,28 @@ def _leave_group() -> None:
     dist.destroy_process_group()
 
 
-def _end_with_controller(pool_folder: Path) -> None:
-    """A rank must not outlive its controller, whatever ended it (SIGKILL included), even while busy in a
-    cell: a thread watches the parent; when it is gone, it removes the pool's folder and kills this rank's
+def _end_with_template() -> None:
+    """A rank must not outlive its template (which ends with the controller, whatever ended it, SIGKILL
+    included), even while busy in a cell: a thread watches the parent; when it is gone, it kills this rank's
     process group (the rank leads its own session, so the framework's helper processes go too)."""
-    controller = int(os.environ[CONTROLLER_PID])
+    template = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == controller:
+        while os.getppid() == template:
             time.sleep(WATCHDOG_S)
-        shutil.rmtree(pool_folder, ignore_errors=True)
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="freezecompat-watchdog", daemon=True).start()
 
 
-def main(fd: int, stack_file: str, preload: list[str]) -> None:
-    _end_with_controller(Path(stack_file).parent)
-    torch.set_num_threads(1)
+def serve(conn: Connection, stack_file: str) -> None:
+    """The rank's life, in a process just forked from its slot's template (imports done)."""
+    _end_with_template()
     faulthandler.enable()  # a segfault prints every thread's stack into the rank's log
     with open(stack_file, "w") as stacks:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-        conn = Connection(fd)
         started = time.perf_counter()
-        for module in preload:
-            try:
-                importlib.import_module(module)
-            except Exception as exc:  # the cell that needs it reports the import error itself
-                print(f"preload of {module} failed: {exc!r}", file=sys.stderr)
         store = _connect_store()
-        # What the imports made lives as long as the rank: move it out of the collector's sight, so a
-        # full collection (each cell's leave, and the automatic ones) scans only what cells made.
-        # With a framework imported, one took ~0.1-0.35 s, most of a warm cell's time.
-        gc.freeze()
         conn.send(Ready(os.getpid(), time.perf_counter() - started))
         while True:
             try:
@@ -139,7 +123,3 @@ def main(fd: int, stack_file: str, preload: list[str]) -> None:
             started = time.perf_counter()
             _leave_group()
             conn.send(Left(time.perf_counter() - started))
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], [m for m in sys.argv[3].split(",") if m])

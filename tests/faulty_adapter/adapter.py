@@ -28,7 +28,7 @@ class FaultyAdapter(AdapterBase):
             os.kill(os.getpid(), signal.SIGSEGV)
         elif plugin == "die-while-leaving" and ctx.rank == 1:
             # The rank replies, then exits where it would leave the cell's group (the rank loop's own step).
-            sys.modules["__main__"]._leave_group = lambda: os._exit(3)
+            sys.modules["pytest_freezecompat.rank.main"]._leave_group = lambda: os._exit(3)
         elif plugin == "raise-on-rank-1":
             if ctx.rank == 1:
                 raise RuntimeError("deliberate failure on rank 1")

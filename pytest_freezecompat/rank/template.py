@@ -1,0 +1,147 @@
+"""A rank slot's template: import torch and the frameworks once, then fork a fresh rank whenever asked.
+
+Started by the controller's pool as `python -m pytest_freezecompat.rank.template FD PRELOAD`, one per
+rank slot, with that slot's environment (RANK, LOCAL_RANK, ...). A (re)start of the pool forks each
+rank from its template in milliseconds instead of spawning an interpreter that re-imports everything
+(seconds; ColossalAI or Megatron ~6-10 s here).
+
+Why forking is safe here: the template runs one thread (it checks, and reports the count; the pool
+refuses to fork from a template with more), has initialised no CUDA (nothing here touches a device),
+made no process group, store or socket, and its only open files are its log and its pipe. Inductor's
+compile-worker pool (started by some imports) is off (`TORCHINDUCTOR_COMPILE_THREADS=1` in the pool's
+environment). Each forked rank gets its own session and process group, its own temp dir, log and stack
+file, and its own pipe to the controller (passed over the template's pipe as a file descriptor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle
+from pathlib import Path
+from typing import NoReturn
+
+from ..core.messages import CONTROLLER_PID, Exited, Fork, Forked, Stop, TemplateReady
+
+#: How often the template checks that its controller is still its parent.
+WATCHDOG_S = 0.5
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+
+
+def _become_rank(request: Fork, rank_fd: int, closing: list[int]) -> NoReturn:
+    """In the forked child: a session, files and environment of its own, then the rank's loop; never returns."""
+    code = 0
+    try:
+        for fd in closing:
+            os.close(fd)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        log = os.open(request.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.environ.update(request.env)
+        os.makedirs(request.env["TMPDIR"], exist_ok=True)
+        tempfile.tempdir = None  # tempfile reads TMPDIR again
+        from . import main
+
+        main.serve(Connection(rank_fd), request.stack_path)
+    except BaseException:  # whatever it is, the log says it and the exit code shows it
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(conn: Connection, children: set[int]) -> None:
+    """Tell the controller about every rank that ended (it is not their parent and cannot wait for them)."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        conn.send(Exited(pid, os.waitstatus_to_exitcode(status)))
+
+
+def _end(children: set[int], pool_folder: Path | None) -> NoReturn:
+    """Take every forked rank (and its helpers: each leads its own process group) down with the template."""
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    if pool_folder is not None:
+        shutil.rmtree(pool_folder, ignore_errors=True)
+    os._exit(0)
+
+
+def serve(conn: Connection, preload: list[str]) -> NoReturn:
+    started = time.perf_counter()
+    import torch
+
+    from . import main  # noqa: F401 - the rank's own modules, imported once for every fork
+
+    torch.set_num_threads(1)
+    for module in preload:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the cell that needs it reports the import error itself
+            print(f"preload of {module} failed: {exc!r}", file=sys.stderr)
+    # What the imports made lives as long as every rank: out of the collector's sight, so a full collection
+    # (each cell's leave, and the automatic ones) scans only what a cell made. With a framework imported
+    # one took ~0.1-0.35 s, most of a warm cell's time. Frozen before the fork, it stays shared too.
+    gc.freeze()
+    conn.send(TemplateReady(os.getpid(), time.perf_counter() - started, _threads()))
+
+    controller = int(os.environ[CONTROLLER_PID])
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a rank's exit wakes the loop below at once
+    children: set[int] = set()
+    pool_folder: Path | None = None
+    while os.getppid() == controller:
+        ready = wait([conn, wake_read], timeout=WATCHDOG_S)
+        if wake_read in ready:
+            os.read(wake_read, 512)
+        _reap(conn, children)
+        if conn not in ready:
+            continue
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break
+        if isinstance(message, Stop):
+            break
+        if isinstance(message, Fork):
+            rank_fd = recv_handle(conn)
+            pool_folder = Path(message.log_path).parent
+            pid = os.fork()
+            if pid == 0:
+                _become_rank(message, rank_fd, [conn.fileno(), wake_read, wake_write])
+            os.close(rank_fd)
+            children.add(pid)
+            conn.send(Forked(pid))
+    # Stopped by the pool, or the controller is gone (whatever ended it): nothing of ours outlives it.
+    _end(children, pool_folder if os.getppid() != controller else None)
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])), [m for m in sys.argv[2].split(",") if m])
