@@ -15,7 +15,7 @@ What it declares (`core.declaration.AdapterDeclaration` in its package's `__init
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,6 +76,13 @@ class Shim(Protocol):
     def apply(self, cell: Cell, probe: Probe, device: torch.device) -> contextlib.AbstractContextManager[None]: ...
 
 
+class KeptState(Protocol):
+    """Framework state kept across clean cells with the rank's default process group (`rank.kept`)."""
+
+    def ensure(self, name: str, key: Hashable, create: Callable[[], None], release: Callable[[], None]) -> bool:
+        """Run `create` unless the state `name` exists for `key` (then True); state for another key is released."""
+
+
 @dataclass
 class RunContext:
     """What a rank knows about the cell it runs; built by the scenario."""
@@ -90,6 +97,8 @@ class RunContext:
     resolve_plan: Callable[[nn.Module], FreezePlan]
     loss: LossOf
     """The cell's loss on a (local) batch: `ctx.loss(model, ctx.local_batch(step))`."""
+    kept: KeptState
+    """Where an adapter keeps parallel state that a user's run makes once (it lives with the default group)."""
     shim: Shim | None = None
 
     def local_batch(self, step: int, dp_rank: int | None = None, dp_size: int | None = None) -> Batch:

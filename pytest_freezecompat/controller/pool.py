@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cell import Cell
-from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Fork, Left, Phase, Ready, Reply, RunCell, Stop
+from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Fork, KeepGroup, Left, Phase, Ready, Reply, RunCell, Stop
 from ..core.names import short_paths
-from ..core.records import CellRun, Outcome, RankState
+from ..core.records import CellRun, Outcome, RankRecord, RankState
 from .templates import ForkedRank, Template, TemplateError
 
 #: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
@@ -46,9 +46,9 @@ POLL_S = 0.2
 #: resolver sometimes waited 5 s or more on. Ranks now connect to the pool's store once, at start-up, so
 #: a join does no DNS; a join stuck this long is still retried once, and the retry is counted and reported.
 RENDEZVOUS_TIMEOUT_S = 30.0
-#: Leaving a cell's group takes milliseconds (ranks meet in a 10 s monitored barrier at most); past this
-#: the pool is restarted before the next cell, so a stuck teardown is never blamed on the next cell.
-LEAVE_TIMEOUT_S = 20.0
+#: Tidying a clean cell away (its garbage, the groups it made) takes milliseconds; past this the ranks are
+#: replaced before the next cell, so a stuck teardown is never blamed on the next cell.
+TIDY_TIMEOUT_S = 20.0
 LOG_TAIL_LINES = 25
 #: A SIGKILLed rank is reaped by its template within milliseconds; past this we go on without its exit code.
 KILL_WAIT_S = 5.0
@@ -85,6 +85,17 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _collectives_disagree(records: list[RankRecord]) -> str | None:
+    """Why the ranks' groups cannot be kept: a group on which ranks ran different numbers of collectives
+    (a stray one would meet the next cell's first), or None."""
+    for name in sorted({name for record in records for name in record.collectives}):
+        counts = {record.rank: record.collectives[name] for record in records if name in record.collectives}
+        if len(set(counts.values())) > 1:
+            ran = ", ".join(f"rank {rank}: {count}" for rank, count in counts.items())
+            return f"the ranks ran different numbers of collectives on process group {name} ({ran})"
+    return None
 
 
 class RankPool:
@@ -214,12 +225,10 @@ class RankPool:
             dispatched = time.perf_counter()
             outcome = self._dispatch(cell, states, time.monotonic() + timeout_s)
             dispatch_s = time.perf_counter() - dispatched
-            leave_s: list[float] = []
-            stuck_leaving = self._not_left(leave_s) if outcome is Outcome.DONE else None
-            if stuck_leaving:
-                notes.append(f"{stuck_leaving}; the pool was restarted before the next cell")
-                self.close()
-            if outcome is not Outcome.DONE:
+            tidy_s: list[float] = []
+            if outcome is Outcome.DONE:
+                self._keep_or_replace(states, notes, tidy_s)
+            else:
                 self._collect_stories(states)
                 self.close()
             if outcome is not Outcome.RENDEZVOUS_HANG or attempt == 2:
@@ -229,7 +238,7 @@ class RankPool:
         retries = attempt - 1
         if outcome is Outcome.RENDEZVOUS_HANG:
             outcome = Outcome.TIMEOUT
-        return CellRun(outcome, states, fresh_start_s, notes, retries, dispatch_s, leave_s[0] if leave_s else None)
+        return CellRun(outcome, states, fresh_start_s, notes, retries, dispatch_s, tidy_s[0] if tidy_s else None)
 
     def _dispatch(self, cell: Cell, states: list[RankState], deadline: float) -> Outcome:
         for conn in self._conns:
@@ -264,18 +273,33 @@ class RankPool:
                 return Outcome.CRASH
         return Outcome.DONE
 
-    def _not_left(self, seconds: list[float]) -> str | None:
-        """Wait for every rank's Left after a finished cell; None when all left, else what went wrong.
-        Each rank's time to leave is appended to `seconds`."""
-        deadline = time.monotonic() + LEAVE_TIMEOUT_S
+    def _keep_or_replace(self, states: list[RankState], notes: list[str], tidy_s: list[float]) -> None:
+        """After a finished cell: keep the ranks (and their default group) if it ended cleanly on every rank
+        and they agree on the collectives they ran; else replace them before the next cell (a fork)."""
+        records = [state.record for state in states if state.record is not None]
+        if any(record.error is not None for record in records):
+            self.close()
+            return
+        disagreement = _collectives_disagree(records)
+        problem = disagreement or self._not_tidied(tidy_s)
+        if problem:
+            notes.append(f"{problem}; the ranks were replaced before the next cell")
+            self.close()
+
+    def _not_tidied(self, seconds: list[float]) -> str | None:
+        """Ask every rank to tidy the cell away and wait for its Left; None when all did, else what went wrong.
+        Each rank's time to tidy is appended to `seconds`."""
+        for conn in self._conns:
+            conn.send(KeepGroup())
+        deadline = time.monotonic() + TIDY_TIMEOUT_S
         for rank, conn in enumerate(self._conns):
             proc = self._procs[rank]
-            died = f"rank {rank} {{}} while leaving the cell's process group"
+            died = f"rank {rank} {{}} while tidying the cell away"
             while not conn.poll(POLL_S):
                 if proc.poll() is not None:
                     return died.format(_describe_exit(proc.returncode))
                 if time.monotonic() > deadline:
-                    return f"rank {rank} did not leave the cell's process group within {LEAVE_TIMEOUT_S:.0f} s"
+                    return f"rank {rank} did not tidy the cell away within {TIDY_TIMEOUT_S:.0f} s"
             try:
                 message = conn.recv()
             except (EOFError, OSError):
@@ -283,7 +307,7 @@ class RankPool:
                     proc.wait(timeout=5)
                 return died.format("closed its pipe" if proc.poll() is None else _describe_exit(proc.returncode))
             if not isinstance(message, Left):
-                return f"rank {rank} sent {type(message).__name__} instead of leaving the cell's process group"
+                return f"rank {rank} sent {type(message).__name__} instead of tidying the cell away"
             seconds.append(message.seconds)
         return None
 

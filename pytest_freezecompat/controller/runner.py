@@ -80,8 +80,8 @@ def _phases(run: CellRun, judge_s: float) -> dict[str, float]:
     spent["dispatch"] = max(0.0, run.dispatch_s - sum(spent.values()))
     if run.fresh_start_s is not None:
         spent["restart"] = run.fresh_start_s
-    if run.leave_s is not None:
-        spent["leave"] = run.leave_s
+    if run.tidy_s is not None:
+        spent["tidy"] = run.tidy_s
     spent["judge"] = judge_s
     return {kind: round(spent[kind], 4) for kind in (*KINDS, "other") if kind in spent}
 
@@ -165,7 +165,8 @@ class MatrixRun:
                          duration_s=round(time.perf_counter() - started, 3),
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3),
                          rendezvous_retries=run.rendezvous_retries or None, phases_s=_phases(run, judge_s),
-                         **facts)
+                         group_kept=bool(run.ranks) and all(s.record is not None and s.record.group_kept
+                                                            for s in run.ranks) or None, **facts)
         return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:

@@ -3,8 +3,8 @@ never a network socket).
 
   controller -> template: Fork (+ the rank's end of a fresh pipe, passed as a file descriptor) | Stop
   template -> controller: TemplateReady, then Forked per Fork, Exited per rank that ended
-  controller -> rank: RunCell | Stop
-  rank -> controller: Ready, then per cell: Phase* , Reply, Left (its group torn down)
+  controller -> rank: RunCell, then KeepGroup after a clean cell | Stop
+  rank -> controller: Ready, then per cell: Phase* , Reply, and after KeepGroup: Left (the cell tidied away)
 """
 
 from __future__ import annotations
@@ -75,5 +75,10 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class KeepGroup:
+    """The cell ended cleanly on every rank: tidy it away and keep the default group for the next one."""
+
+
+@dataclass(frozen=True)
 class Left:
-    seconds: float  # how long tearing the cell's group down took
+    seconds: float  # how long tidying the cell away took

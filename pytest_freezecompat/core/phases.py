@@ -11,10 +11,12 @@ import re
 
 from .messages import RENDEZVOUS_PHASE
 
-#: Kinds in the order a cell meets them. `prepare`: data, adapter import, shim; `groups`: a framework's own
-#: parallel state (Megatron's model-parallel groups); `dispatch`: the pipe both ways and what the rank does
-#: outside its phases (the controller's wall time minus rank 0's phases); `judge`: the verdict.
-KINDS = ("restart", "join", "prepare", "groups", "build", "wrap", "steps", "probes", "reference", "leave",
+#: Kinds in the order a cell meets them.
+#: - `restart`: new ranks forked (the first cell, or after a bad one); `join`: the default group (0 when kept);
+#: - `prepare`: data, adapter import, shim; `groups`: a framework's parallel state (Megatron's, 0 when kept);
+#: - `tidy`: after a clean cell; `dispatch`: the pipe both ways and what the rank does outside its phases
+#:   (the controller's wall time minus rank 0's phases); `judge`: the verdict.
+KINDS = ("restart", "join", "prepare", "groups", "build", "wrap", "steps", "probes", "reference", "tidy",
          "dispatch", "judge")
 
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(pattern)) for kind, pattern in (

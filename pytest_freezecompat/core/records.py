@@ -97,6 +97,9 @@ class RankRecord:
     error: RankError | None = None
     #: Seconds per phase kind (`core.phases`), this rank's view.
     phases_s: dict[str, float] = field(default_factory=dict)
+    group_kept: bool = False  # the cell ran on the default group this rank kept from its last cell
+    #: Group name -> collectives this rank issued on it by the cell's end (the controller compares ranks).
+    collectives: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,7 +124,7 @@ class CellRun:
     notes: list[str] = field(default_factory=list)
     rendezvous_retries: int = 0  # joining the cell's fresh group hung, so the pool restarted and ran it again
     dispatch_s: float = 0.0  # from sending the cell to the last reply, as the controller saw it
-    leave_s: float | None = None  # rank 0 tearing the cell's group down (None when the pool was restarted)
+    tidy_s: float | None = None  # rank 0 tidying the cell away (None when the ranks were replaced instead)
 
 
 @dataclass
@@ -158,6 +161,8 @@ class CellRecord:
     rendezvous_retries: int | None = None
     #: Seconds per phase kind (`core.phases.KINDS`): rank 0's phases plus what the controller saw.
     phases_s: dict[str, float] | None = None
+    #: True when the cell ran on ranks (and a default group) kept from a clean earlier cell.
+    group_kept: bool | None = None
 
     @property
     def id(self) -> str:
@@ -168,7 +173,7 @@ class CellRecord:
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
         for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
-                         "rendezvous_retries", "phases_s"):
+                         "rendezvous_retries", "phases_s", "group_kept"):
             if data[optional] is None:
                 del data[optional]
         return data

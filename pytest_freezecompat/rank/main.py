@@ -1,4 +1,4 @@
-"""The rank's loop: receive a cell over the pool's pipe, join a fresh group, run it, reply.
+"""The rank's loop: receive a cell over the pool's pipe, join the default group (or keep it), run it, reply.
 
 Forked by its slot's template (`rank.template`), in its own process session so the pool can kill the
 rank with every helper it spawned. The messages on the pipe are `core.messages` (our own processes only).
@@ -6,10 +6,8 @@ rank with every helper it spawned. The messages on the pipe are `core.messages` 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import faulthandler
-import gc
 import os
 import signal
 import threading
@@ -20,14 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.messages import RENDEZVOUS_PHASE, Left, Phase, Ready, Reply, RunCell
+from ..core.messages import RENDEZVOUS_PHASE, KeepGroup, Left, Phase, Ready, Reply, RunCell
 from ..core.records import RankRecord
+from .kept import KeptState, collectives, tidy
 from .scenario import describe_error, run_cell
 
 #: A collective that waits longer than this is stuck; the controller's cell deadline fires first.
 PROCESS_GROUP_TIMEOUT_S = 600
-#: How long a rank waits for its peers before leaving a cell's group (they are normally already there).
-LEAVE_BARRIER_S = 10
 #: How often a rank checks that its template is still its parent.
 WATCHDOG_S = 0.5
 
@@ -56,35 +53,27 @@ def _init_group(backend: str, device: torch.device, store: dist.Store, index: in
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
 
 
-def _run_one(conn: Connection, message: RunCell, store: dist.Store) -> RankRecord:
+def _run_one(conn: Connection, message: RunCell, store: dist.Store, kept: KeptState) -> RankRecord:
+    """Join the default group unless this rank kept it from its last cell, then run the cell."""
     rank = int(os.environ["RANK"])
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(message.index)
     started = time.perf_counter()
     try:
         device = _device_for(message.cell.device, int(os.environ["LOCAL_RANK"]))
-        conn.send(Phase(RENDEZVOUS_PHASE))
-        _init_group("nccl" if device.type == "cuda" else "gloo", device, store, message.index)
+        group_kept = dist.is_initialized()
+        if not group_kept:
+            conn.send(Phase(RENDEZVOUS_PHASE))
+            _init_group("nccl" if device.type == "cuda" else "gloo", device, store, message.index)
         joined_s = time.perf_counter() - started
         conn.send(Phase("process group ready"))
-        record = run_cell(message.cell, rank, device, lambda text: conn.send(Phase(text)))
+        record = run_cell(message.cell, rank, device, lambda text: conn.send(Phase(text)), kept)
         record.phases_s["join"] = joined_s
+        record.group_kept = group_kept
+        record.collectives = collectives()
         return record
     except Exception as exc:
         return RankRecord(rank=rank, phase=RENDEZVOUS_PHASE, error=describe_error(exc, RENDEZVOUS_PHASE, rank),
                           phases_s={"join": time.perf_counter() - started})
-
-
-def _leave_group() -> None:
-    """Tear the cell's group down. After a framework raised (seen with Composer's Trainer), a rank could
-    hang in destroy while its peer still held the group: collect the framework's leftovers and meet
-    the peers first (a monitored barrier gives up instead of waiting for ever)."""
-    if not dist.is_initialized():
-        return
-    gc.collect()
-    if dist.get_backend() == "gloo":
-        with contextlib.suppress(RuntimeError):
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=LEAVE_BARRIER_S), wait_all_ranks=True)
-    dist.destroy_process_group()
 
 
 def _end_with_template() -> None:
@@ -109,6 +98,7 @@ def serve(conn: Connection, stack_file: str) -> None:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
         started = time.perf_counter()
         store = _connect_store()
+        kept = KeptState()
         conn.send(Ready(os.getpid(), time.perf_counter() - started))
         while True:
             try:
@@ -117,9 +107,10 @@ def serve(conn: Connection, stack_file: str) -> None:
                 return
             if not isinstance(message, RunCell):  # Stop
                 return
-            # The record goes first: leaving the group can hang after a framework raised, and the
-            # controller must not wait on that for the cell's facts (it waits for Left separately).
-            conn.send(Reply(_run_one(conn, message, store)))
+            conn.send(Reply(_run_one(conn, message, store, kept)))
+            # The controller keeps this rank only after a clean cell (else it forks a fresh one).
+            if not isinstance(conn.recv(), KeepGroup):
+                return
             started = time.perf_counter()
-            _leave_group()
+            tidy(kept)
             conn.send(Left(time.perf_counter() - started))

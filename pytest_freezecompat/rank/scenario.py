@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..adapters.base import Adapter, Batch, LossOf, ModelView, RunContext
+from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, resolve
 from ..core.names import import_ref, short_paths
@@ -186,7 +186,8 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     record.init_matches_eager = all(torch.equal(p.detach().float(), initial[n]) for n, p in eager.named_parameters())
 
 
-def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[str], None]) -> RankRecord:
+def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[str], None],
+             kept: KeptState) -> RankRecord:
     recorder = Recorder(rank, send_phase)
     record = recorder.record
     torch.manual_seed(cell.hyper.seed)
@@ -202,7 +203,7 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
     try:
         ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
                          batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan, loss=loss,
-                         shim=import_ref(cell.shim) if cell.shim else None)
+                         shim=import_ref(cell.shim) if cell.shim else None, kept=kept)
         adapter = import_ref(cell.adapter)()
         adapter.run(ctx)
     except Exception as exc:  # a framework may raise anything; the controller classifies it

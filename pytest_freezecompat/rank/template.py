@@ -36,6 +36,25 @@ from ..core.messages import CONTROLLER_PID, Exited, Fork, Forked, Stop, Template
 WATCHDOG_S = 0.5
 
 
+def _warm_up() -> None:
+    """Do once what every fresh rank would do first and slowly: a meta-device init goes through torch._refs
+    and loads dynamo (~0.4 s in each new process); checkpointed forward/backward, AdamW and clipping have
+    first-use costs of their own. On the CPU only, with no process group: nothing here may be shared state."""
+    import torch
+
+    from .. import models
+    from .reference import tiny_loss
+
+    models.build("tiny-gpt", seed=0, lora=True, vision=True, device="meta", initialize=False).to_empty(device="cpu")
+    for mode in models.CHECKPOINT_MODES:
+        model = models.build("tiny-gpt", seed=0, lora=True)
+        models.apply_checkpointing(model, mode)
+        optimizer = torch.optim.AdamW(model.parameters())
+        tiny_loss(model, models.make_batches("tiny-gpt", seed=0, steps=1, global_batch=2)[0]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+
 def _threads() -> int:
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
 
@@ -104,6 +123,7 @@ def serve(conn: Connection, preload: list[str]) -> NoReturn:
             importlib.import_module(module)
         except Exception as exc:  # the cell that needs it reports the import error itself
             print(f"preload of {module} failed: {exc!r}", file=sys.stderr)
+    _warm_up()
     # What the imports made lives as long as every rank: out of the collector's sight, so a full collection
     # (each cell's leave, and the automatic ones) scans only what a cell made. With a framework imported
     # one took ~0.1-0.35 s, most of a warm cell's time. Frozen before the fork, it stays shared too.

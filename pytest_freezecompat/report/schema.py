@@ -62,7 +62,7 @@ CELL = Table(
               "emulated": (STRINGS, "null"), "pool_start_s": ("number", "null"), "raised_in": STRING_OR_NULL,
               "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null"),
               "finished_at": "string", "rendezvous_retries": "integer",
-              "phases_s": Table()})
+              "phases_s": Table(), "group_kept": "boolean"})
 #: An `environments` value (`environment_info`).
 ENVIRONMENT = Table(optional={"python": "string", "torch": STRING_OR_NULL, "frameworks": Table(), "device": "string",
                               "backend": "string", "platform": "string"})

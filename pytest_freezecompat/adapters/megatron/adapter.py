@@ -1,6 +1,7 @@
 """Megatron-core: a real `GPTModel` (local layer spec) trained the way Megatron trains it.
 
-Per cell: `parallel_state.initialize_model_parallel` on the rank's default group, the
+Per (tp, pp) layout: `parallel_state.initialize_model_parallel` on the rank's default group
+(kept across clean cells, as a user's job makes it once). Per cell: the
 model built for this rank's pipeline stage and tensor-parallel shard, frozen before
 wrapping (or, for the after-wrap scenario, after), wrapped in torch DDP or Megatron's
 `DistributedDataParallel` (optionally with the distributed optimizer), trained through
@@ -391,16 +392,19 @@ class MegatronAdapter(AdapterBase):
         return MirrorGPT(), _mirror_loss
 
     def run(self, ctx: RunContext) -> None:
-        with contextlib.ExitStack() as stack, ctx.emulation():
-            self._run(ctx, stack)
+        with ctx.emulation():
+            self._run(ctx)
 
-    def _run(self, ctx: RunContext, stack: contextlib.ExitStack) -> None:
+    def _run(self, ctx: RunContext) -> None:
         layout = parse_plugin(ctx.cell.key.plugin)
         meta = ctx.cell.key.init == "meta"
         after_wrap = bool(ctx.cell.options.get(FREEZE_AFTER_WRAP, False))
         ctx.probe.phase(f"initialize_model_parallel(tp={layout.tp}, pp={layout.pp})")
-        ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp)
-        stack.callback(ps.destroy_model_parallel)
+        # Made once per layout, as a user's job makes it once: kept with the rank's default group across clean cells.
+        ctx.kept.ensure("megatron parallel state", (layout.tp, layout.pp),
+                        lambda: ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
+                                                             pipeline_model_parallel_size=layout.pp),
+                        ps.destroy_model_parallel)
         tensor_parallel.model_parallel_cuda_manual_seed(ctx.cell.hyper.seed + SEED_OFFSET)
 
         ctx.probe.phase("build model")

@@ -1,0 +1,68 @@
+"""What a rank keeps from one clean cell to the next: its default process group and a framework's parallel state.
+
+A rank joins its default group at its first cell and keeps it while cells end cleanly; after any
+error, crash, timeout or disagreement the controller replaces the rank (a fork: milliseconds), so
+nothing of a bad cell survives. Between clean cells `tidy` removes what a cell may leave: the groups
+it made (other than the world and kept framework state), its garbage, and the torch globals a cell can
+change. `collectives` is the proof the controller asks for before keeping a group: every rank ran the
+same number of collectives on every group it shares (a stray op would meet the next cell's first one).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Hashable
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+
+def _groups() -> list[dist.ProcessGroup]:
+    return list(c10d._world.pg_map)
+
+
+def collectives() -> dict[str, int]:
+    """Group name -> collectives this rank issued on it (the group's sequence number), for every live group."""
+    if not dist.is_initialized():
+        return {}
+    return {c10d._world.pg_names[group]: group._get_sequence_number_for_group() for group in _groups()}
+
+
+class KeptState:
+    """Framework state that lives as long as the rank's default group, one entry per name, rebuilt when its
+    key changes (Megatron's model-parallel groups for a (tp, pp) layout). `RunContext.kept` hands it to adapters."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[Hashable, Callable[[], None], set[dist.ProcessGroup]]] = {}
+
+    @property
+    def groups(self) -> set[dist.ProcessGroup]:
+        """The groups made while creating kept state: `tidy` leaves them."""
+        return {group for _, _, groups in self._entries.values() for group in groups}
+
+    def ensure(self, name: str, key: Hashable, create: Callable[[], None], release: Callable[[], None]) -> bool:
+        """Create the state `name` for `key` unless it is already there for that key; True when it was kept.
+        State for another key is released first (its groups are then destroyed when the cell is tidied)."""
+        entry = self._entries.get(name)
+        if entry is not None and entry[0] == key:
+            return True
+        if entry is not None:
+            entry[1]()
+            del self._entries[name]
+        before = set(_groups())
+        create()
+        self._entries[name] = (key, release, set(_groups()) - before)
+        return False
+
+
+def tidy(kept: KeptState) -> None:
+    """After a clean cell: collect its garbage first (a framework object's finalizer may destroy its own groups),
+    then destroy the groups it made, and put back the torch globals a cell may have changed."""
+    gc.collect()
+    world = c10d._get_default_group()
+    for group in _groups():
+        if group is not world and group not in kept.groups:
+            dist.destroy_process_group(group)
+    torch.set_grad_enabled(True)
+    torch.set_default_dtype(torch.float32)
