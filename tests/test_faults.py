@@ -124,7 +124,7 @@ def test_hang_crash_one_rank_error_and_death_while_leaving_do_not_take_the_run_d
     crash = cells["crash"]
     assert "rank 1 killed by signal SIGSEGV" in crash["message"]
     survivor = crash["rank_details"][0]  # its stack, or the error it raised when its peer went (if that came first)
-    assert ("Current thread" in survivor.get("stack", "") and "rank/main.py" in survivor["stack"]
+    assert (("Current thread" in survivor.get("stack", "") and "rank/main.py" in survivor["stack"])
             or "error" in survivor)
     raised = cells["raise-on-rank-1"]
     assert "deliberate failure on rank 1 (rank 1" in raised["message"]

@@ -165,8 +165,8 @@ class MatrixRun:
                          duration_s=round(time.perf_counter() - started, 3),
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3),
                          rendezvous_retries=run.rendezvous_retries or None, phases_s=_phases(run, judge_s),
-                         group_kept=bool(run.ranks) and all(s.record is not None and s.record.group_kept
-                                                            for s in run.ranks) or None, **facts)
+                         group_kept=all(s.record is not None and s.record.group_kept for s in run.ranks) or None,
+                         **facts)
         return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:
