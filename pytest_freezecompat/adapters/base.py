@@ -8,6 +8,10 @@ What an adapter implements (`Adapter`):
   run(ctx)                      build, freeze, wrap, train; the only required method
   reference_model(cell)         optional: (bare single-process model, loss) when the cell's model is
                                 the framework's own; None means the tiny model of `models.py`
+What its module may define:
+  warm_up()                     first uses that cost every fresh process the same (a subprocess, a cache),
+                                done once in each rank template before it forks ranks: CPU only, no process
+                                group, and no thread may outlive it (the template refuses to fork then)
 What it declares (`core.declaration.AdapterDeclaration` in its package's `__init__.py`):
   plugins, init modes, checkpoint modes it knows, its implementation class, its shim.
 """

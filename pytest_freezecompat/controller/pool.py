@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,10 @@ from .templates import ForkedRank, Template, TemplateError
 #: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
 STARTUP_TIMEOUT_S = 180.0
 #: After one rank reported an error, how long the others get to report theirs before we call them stuck.
-ERROR_GRACE_S = 5.0
+#: A peer that raises too (the same refusal, or a collective failing) does so within milliseconds on these
+#: tiny models; one that waits in a collective for the rank that raised never will (12 Megatron cells
+#: waited out a 5 s grace each). The stuck rank's stack is taken either way.
+ERROR_GRACE_S = 1.0
 #: How long a rank gets to start writing its stack after SIGUSR1 before we read the file.
 STACK_DUMP_WAIT_S = 10.0
 #: How often the controller wakes to check for dead ranks while waiting.
@@ -99,9 +103,12 @@ def _collectives_disagree(records: list[RankRecord]) -> str | None:
 
 
 class RankPool:
-    def __init__(self, world_size: int, preload: list[str]) -> None:
+    def __init__(self, world_size: int, preload: list[str], user_modules: Sequence[str] = ()) -> None:
         self.world_size = world_size
         self.preload = preload
+        #: Modules of users' `@freeze_case` functions: imported in the templates too, unless one leaves a
+        #: thread running (then they are left to each rank, as before the templates; `_start_templates`).
+        self.user_modules = list(user_modules)
         self._workdir = Path(tempfile.mkdtemp(prefix="freezecompat-pool-"))
         self._templates: list[Template] = []
         self._procs: list[ForkedRank] = []
@@ -134,15 +141,19 @@ class RankPool:
         self._stop_templates()
         env = self._environment()
         self._templates = [Template(rank, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, self.preload,
-                                    self._workdir / f"template-rank{rank}.log")
+                                    self.user_modules, self._workdir / f"template-rank{rank}.log")
                            for rank in range(self.world_size)]
         for template in self._templates:
             try:
-                template.wait_ready(deadline)
+                ready = template.wait_ready(deadline)
             except TemplateError as exc:
                 tail = _tail(template.log_path, 5).replace("\n", " | ")
                 self._stop_templates()
                 raise PoolError(f"rank {template.rank} failed to start ({exc}): {tail}") from None
+            if ready.threads_from is not None:  # a user's module started a thread: it cannot be in a template
+                self.user_modules = []
+                self._start_templates(deadline)
+                return
 
     def _stop_templates(self) -> None:
         for template in self._templates:

@@ -134,8 +134,9 @@ class MatrixRun:
     # -- running cells (in whichever process runs the item) --------------------------------
     def _get_pool(self) -> RankPool:
         if self._pool is None:
-            preload = sorted({c.adapter_module for c in self.cells if c.skip is None})
-            self._pool = RankPool(self.options.world_size, preload)
+            ran = [c for c in self.cells if c.skip is None]
+            self._pool = RankPool(self.options.world_size, sorted({c.adapter_module for c in ran}),
+                                  sorted({m for c in ran if c.user_model for m in c.user_model.modules}))
         return self._pool
 
     def run_cell(self, cell: Cell, repro: str) -> dict[str, Any]:

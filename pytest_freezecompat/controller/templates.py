@@ -29,9 +29,11 @@ class TemplateError(RuntimeError):
 
 
 class Template:
-    """One rank slot's template process."""
+    """One rank slot's template process. A template whose frameworks leave a thread is refused (another
+    thread's locks would stay held in every fork); one whose user modules do is replaced by the pool."""
 
-    def __init__(self, rank: int, env: dict[str, str], preload: list[str], log_path: Path) -> None:
+    def __init__(self, rank: int, env: dict[str, str], preload: list[str], user_modules: list[str],
+                 log_path: Path) -> None:
         self.rank = rank
         self.log_path = log_path
         self.exits: dict[int, int] = {}
@@ -39,7 +41,7 @@ class Template:
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pytest_freezecompat.rank.template", str(child_end.fileno()),
-                 ",".join(preload)],
+                 ",".join(preload), ",".join(user_modules)],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_end.fileno(),), start_new_session=True)
         child_end.close()
@@ -58,7 +60,7 @@ class Template:
         message = self._conn.recv()
         if not isinstance(message, TemplateReady):
             raise TemplateError(f"sent {type(message).__name__} before it was ready")
-        if message.threads > 1:  # a fork copies one thread; another's locks would stay held in the child
+        if message.threads > 1 and message.threads_from is None:  # a fork copies only the calling thread
             raise TemplateError(f"runs {message.threads} threads after its imports; it cannot fork ranks safely")
         self.ready = message
         return message

@@ -64,6 +64,11 @@ class UserModel:
     batch: str
     loss: str
 
+    @property
+    def modules(self) -> set[str]:
+        """The modules its functions live in (a rank template imports them before it forks ranks)."""
+        return {ref.partition(":")[0] for ref in (self.factory, self.batch, self.loss)}
+
 
 @dataclass(frozen=True)
 class Cell:

@@ -25,6 +25,8 @@ class TemplateReady:
     pid: int
     import_s: float
     threads: int  # the template's threads after its imports: a fork copies only the calling one
+    #: The user module whose import left a thread running (the template then forks nothing), or None.
+    threads_from: str | None = None
 
 
 @dataclass(frozen=True)

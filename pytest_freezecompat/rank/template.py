@@ -1,7 +1,7 @@
 """A rank slot's template: import torch and the frameworks once, then fork a fresh rank whenever asked.
 
-Started by the controller's pool as `python -m pytest_freezecompat.rank.template FD PRELOAD`, one per
-rank slot, with that slot's environment (RANK, LOCAL_RANK, ...). A (re)start of the pool forks each
+Started by the controller's pool as `python -m pytest_freezecompat.rank.template FD PRELOAD USER_MODULES`,
+one per rank slot, with that slot's environment (RANK, LOCAL_RANK, ...). A (re)start of the pool forks each
 rank from its template in milliseconds instead of spawning an interpreter that re-imports everything
 (seconds; ColossalAI or Megatron ~6-10 s here).
 
@@ -111,24 +111,40 @@ def _end(children: set[int], pool_folder: Path | None) -> NoReturn:
     os._exit(0)
 
 
-def serve(conn: Connection, preload: list[str]) -> NoReturn:
+def _import_user_modules(names: list[str]) -> str | None:
+    """Import users' `@freeze_case` modules (and what they import: transformers, peft...) so that forks have
+    them; the first one that leaves a thread running stops this (returned: the pool then does without)."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # the cell that needs it reports the error itself
+            print(f"preload of {name} failed: {exc!r}", file=sys.stderr)
+        if _threads() > 1:
+            return name
+    return None
+
+
+def serve(conn: Connection, preload: list[str], user_modules: list[str]) -> NoReturn:
     started = time.perf_counter()
     import torch
 
     from . import main  # noqa: F401 - the rank's own modules, imported once for every fork
 
     torch.set_num_threads(1)
-    for module in preload:
+    for name in preload:
         try:
-            importlib.import_module(module)
+            module = importlib.import_module(name)
+            if hasattr(module, "warm_up"):  # an adapter's own first uses (`adapters.base`: the contract)
+                module.warm_up()
         except Exception as exc:  # the cell that needs it reports the import error itself
-            print(f"preload of {module} failed: {exc!r}", file=sys.stderr)
+            print(f"preload of {name} failed: {exc!r}", file=sys.stderr)
     _warm_up()
+    threads_from = _import_user_modules(user_modules) if _threads() == 1 else None
     # What the imports made lives as long as every rank: out of the collector's sight, so a full collection
     # (each cell's leave, and the automatic ones) scans only what a cell made. With a framework imported
     # one took ~0.1-0.35 s, most of a warm cell's time. Frozen before the fork, it stays shared too.
     gc.freeze()
-    conn.send(TemplateReady(os.getpid(), time.perf_counter() - started, _threads()))
+    conn.send(TemplateReady(os.getpid(), time.perf_counter() - started, _threads(), threads_from))
 
     controller = int(os.environ[CONTROLLER_PID])
     wake_read, wake_write = os.pipe()
@@ -164,4 +180,4 @@ def serve(conn: Connection, preload: list[str]) -> NoReturn:
 
 
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])), [m for m in sys.argv[2].split(",") if m])
+    serve(Connection(int(sys.argv[1])), *([m for m in arg.split(",") if m] for arg in sys.argv[2:4]))

@@ -25,6 +25,7 @@ from composer.algorithms import GradientClipping
 from composer.core import State
 from composer.core.engine import Engine
 from composer.loggers import Logger
+from composer.utils import collect_env
 from composer.utils.parallelism import FSDP2Config, FSDPConfig
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -36,6 +37,13 @@ from ..loop import StepProbes
 from ..materialize import MetaInit
 from ..views import CHECKPOINT_WRAPPER_INFIXES, DTensorView, FSDP1View, ParamView
 from . import DEFAULT_OPTIMIZER_SUFFIX, UNSHIMMED_GLOO_AVG
+
+
+def warm_up() -> None:
+    """Once per rank template: the Trainer's first init asks py-cpuinfo for the CPU model in a subprocess
+    (~1.1 s here; Composer caches the answer for the process), which every fresh rank would pay again."""
+    collect_env.get_cpu_model()
+
 
 #: Plugin ids that run another's wrapping unchanged.
 BASE_OF = {UNSHIMMED_GLOO_AVG: "fsdp2"}

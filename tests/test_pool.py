@@ -1,0 +1,56 @@
+"""The pool's rank templates, for real: warm-ups run once per template, and a template with threads never forks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import TESTS
+
+from pytest_freezecompat.controller.pool import PoolError, RankPool
+
+
+@pytest.fixture(autouse=True)
+def _templates_find_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))  # templates get the controller's sys.path as PYTHONPATH
+
+
+def test_an_adapter_modules_warm_up_runs_once_per_template_not_per_fork(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARM_UP_DIR", str(tmp_path))
+    pool = RankPool(2, ["template_probes.warms_up"])
+    try:
+        pool.start()
+        first = [proc.pid for proc in pool._procs]
+        pool.restart()
+        assert [proc.pid for proc in pool._procs] != first  # fresh ranks...
+        templates = {str(template.proc.pid) for template in pool._templates}
+    finally:
+        pool.shutdown()
+    assert {path.name for path in tmp_path.iterdir()} == templates  # ...from the same two warmed templates
+    assert not any(Path(f"/proc/{pid}").exists() for pid in first)
+
+
+def test_a_template_left_with_a_thread_refuses_to_fork() -> None:
+    pool = RankPool(2, ["template_probes.starts_a_thread"])
+    try:
+        with pytest.raises(PoolError, match=r"rank 0 failed to start \(runs 2 threads after its imports; it cannot "
+                                            r"fork ranks safely\)"):
+            pool.start()
+        assert not pool._templates and not pool._procs
+    finally:
+        pool.shutdown()
+    assert not os.path.exists(pool._workdir)
+
+
+def test_a_user_module_that_starts_a_thread_is_left_to_the_ranks(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARM_UP_DIR", str(tmp_path))
+    pool = RankPool(2, ["template_probes.warms_up"], ["template_probes.user_module_with_a_thread"])
+    try:
+        pool.start()  # the templates are started again without the user's module, and fork
+        assert pool.user_modules == [] and len(pool._procs) == 2 and pool.alive
+    finally:
+        pool.shutdown()
+    assert len(list(tmp_path.iterdir())) == 4  # two templates, twice
