@@ -1,9 +1,10 @@
 """How long the matrix takes, where each cell's time goes, and what the warm pool saves: a benchmark, not a test.
 
-    python benchmarks/bench_matrix.py --environment torch [--rounds 3] [--fresh-samples 5]
+    .nox/matrix-torch/bin/python benchmarks/bench_matrix.py --environment torch [--rounds 3] [--fresh-samples 5]
     python benchmarks/bench_matrix.py --from-report reports/matrix.json   # the phase table of a report
 
-For each round it runs the environment's whole slice through `pytest --freeze-matrix` and reads the
+Run it with the environment's own interpreter. For each round it runs the environment's whole slice
+(the built-in matrix and the examples, as `nox -s matrix-<env>` does) through `pytest --freeze-matrix` and reads the
 report it wrote: wall time, cell time (the sum of `duration_s`), the median cell, pool restarts. Then:
 - the per-phase table (`core.phases.KINDS`): median and p90 per cell, and each kind's share of cell time;
 - `overhead`: a cell's time above its own compute (build, wrap, steps, probes, reference), per cell;
@@ -31,15 +32,17 @@ from pytest_freezecompat.core.phases import KINDS
 from pytest_freezecompat.spec import matrix as spec
 from pytest_freezecompat.spec.plan import Selection, plan
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 #: The phases that are the cell's own work; the rest is what running it on warm ranks costs.
 COMPUTE = ("build", "wrap", "steps", "probes", "reference", "groups")
 
 
 def run_slice(environment: str, report_dir: Path) -> tuple[float, list[dict[str, Any]]]:
+    """The environment's slice as `nox -s matrix-<environment>` runs it: the built-in matrix and the examples."""
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pytest", "--freeze-matrix", f"--freeze-matrix-environment={environment}",
-                    f"--freeze-matrix-report={report_dir}", "-p", "no:cacheprovider", "-q", "--no-header"],
-                   check=False, stdout=subprocess.DEVNULL)
+                    f"--freeze-matrix-report={report_dir}", "-p", "no:cacheprovider", "-q", "--no-header",
+                    str(EXAMPLES)], check=False, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started, json.loads((report_dir / "matrix.json").read_text())["cells"]
 
 
@@ -140,10 +143,15 @@ def benchmark(environment: str, rounds: int, fresh_samples: int, restart_samples
         "environment": environment,
         "cells": len(kept),
         "statuses": dict(Counter(c["status"] for c in kept)),
-        "rounds": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in s.items() if k != "cells"}
+        "rounds": [{"wall_s": round(s["wall_s"], 1), "cell_s": round(s["cell_s"], 1),
+                    "median_cell_s": round(s["median_cell_s"], 4), "starts": len(s["restarts"]),
+                    "starts_s": {"median": round(statistics.median(s["restarts"]), 3),
+                                 "max": round(max(s["restarts"]), 3)} if s["restarts"] else None}
                    for s in summaries],
         "median_round": {"wall_s": round(middle["wall_s"], 1), "cell_s": round(middle["cell_s"], 1),
-                         "median_cell_s": round(middle["median_cell_s"], 4)},
+                         "median_cell_s": round(middle["median_cell_s"], 4),
+                         # pytest's start-up and collection, the templates' imports, per-item hooks, the report
+                         "outside_cells_s": round(middle["wall_s"] - middle["cell_s"], 1)},
         "median_cell_s_by_framework": {fw: round(statistics.median(c["duration_s"] for c in cs), 4)
                                        for fw, cs in by_framework(kept).items()},
         "overhead_ms": {"median": round(1e3 * statistics.median(overheads), 1),

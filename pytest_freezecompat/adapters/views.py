@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -35,6 +36,24 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     if dist.get_backend(group) == dist.Backend.NCCL:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+#: How long the gloo workers get to let go of a finished collective's tensors (`settle_groups`).
+SETTLE_S = 0.01
+
+
+def settle_groups() -> None:
+    """Call before dropping the last reference to process groups (a wrapper's `__del__`, a destroy): torch's
+    ProcessGroupGloo destructor takes its work lock holding the GIL, while a worker finishing an async op
+    (ZeRO's) holds that lock and needs the GIL to free the op's tensors: a deadlock, seen on torch 2.5 with
+    ColossalAI's HybridParallel ZeRO-1 in ~1 run of 3 of its 98 cells once cells got fast (gdb: the main thread
+    in ~ProcessGroupGloo waiting for the work mutex, a worker in ~TensorImpl waiting for the GIL). Upstream:
+    pytorch/pytorch#56297; the destructor releases the GIL since pytorch/pytorch#154976 (torch 2.8). A barrier
+    on every group waits for its earlier work; the sleep (the GIL released) lets the workers finish with it.
+    A collective: every rank calls it."""
+    for group in list(dist.distributed_c10d._world.pg_map):  # creation order: the same on every rank
+        dist.barrier(group=group)
+    time.sleep(SETTLE_S)
 
 
 def _all_gather_padded(flat: torch.Tensor, lengths: list[int], group: dist.ProcessGroup | None) -> list[torch.Tensor]:

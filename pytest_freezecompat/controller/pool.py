@@ -298,28 +298,31 @@ class RankPool:
             self.close()
 
     def _not_tidied(self, seconds: list[float]) -> str | None:
-        """Ask every rank to tidy the cell away and wait for its Left; None when all did, else what went wrong.
-        Each rank's time to tidy is appended to `seconds`."""
+        """Ask every rank to tidy the cell away and wait for its Left; None when all did, else what went wrong
+        (every rank's part: one rank dying makes a peer's tidy fail too). Each rank's time is appended to `seconds`."""
         for conn in self._conns:
             conn.send(KeepGroup())
         deadline = time.monotonic() + TIDY_TIMEOUT_S
-        for rank, conn in enumerate(self._conns):
-            proc = self._procs[rank]
-            died = f"rank {rank} {{}} while tidying the cell away"
-            while not conn.poll(POLL_S):
-                if proc.poll() is not None:
-                    return died.format(_describe_exit(proc.returncode))
-                if time.monotonic() > deadline:
-                    return f"rank {rank} did not tidy the cell away within {TIDY_TIMEOUT_S:.0f} s"
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=5)
-                return died.format("closed its pipe" if proc.poll() is None else _describe_exit(proc.returncode))
-            if not isinstance(message, Left):
-                return f"rank {rank} sent {type(message).__name__} instead of tidying the cell away"
-            seconds.append(message.seconds)
+        problems = [problem for rank in range(self.world_size) if (problem := self._tidied(rank, deadline, seconds))]
+        return ", ".join(problems) or None
+
+    def _tidied(self, rank: int, deadline: float, seconds: list[float]) -> str | None:
+        conn, proc = self._conns[rank], self._procs[rank]
+        died = f"rank {rank} {{}} while tidying the cell away"
+        while not conn.poll(POLL_S):
+            if proc.poll() is not None:
+                return died.format(_describe_exit(proc.returncode))
+            if time.monotonic() > deadline:
+                return f"rank {rank} did not tidy the cell away within {TIDY_TIMEOUT_S:.0f} s"
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            return died.format("closed its pipe" if proc.poll() is None else _describe_exit(proc.returncode))
+        if not isinstance(message, Left):
+            return f"rank {rank} sent {type(message).__name__} instead of tidying the cell away"
+        seconds.append(message.seconds)
         return None
 
     def _collect_stories(self, states: list[RankState]) -> None:

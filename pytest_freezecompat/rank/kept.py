@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from ..adapters.views import settle_groups
+
 
 def _groups() -> list[dist.ProcessGroup]:
     return list(c10d._world.pg_map)
@@ -57,8 +59,10 @@ class KeptState:
 
 
 def tidy(kept: KeptState) -> None:
-    """After a clean cell: collect its garbage first (a framework object's finalizer may destroy its own groups),
-    then destroy the groups it made, and put back the torch globals a cell may have changed."""
+    """After a clean cell: let the groups settle (`settle_groups`), collect the cell's garbage (a framework
+    object's finalizer may destroy its own groups), then destroy the groups it made, and put back the torch
+    globals a cell may have changed. Every rank tidies at once (a collective)."""
+    settle_groups()
     gc.collect()
     world = c10d._get_default_group()
     for group in _groups():

@@ -41,7 +41,7 @@ from ... import models
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, RunContext, apply_freeze
 from ..loop import train
-from ..views import FSDP1View, ParamView
+from ..views import FSDP1View, ParamView, settle_groups
 
 
 class NoShardingPolicy(Policy):
@@ -282,6 +282,7 @@ class ColossalAIAdapter(AdapterBase):
             try:
                 train(ctx, _Loop(ctx, spec, booster, boosted, boosted_optimizer,
                                  spec.view(boosted, boosted_optimizer)))
+                settle_groups()  # no gloo worker may still be finishing an async op below (a torch deadlock)
             finally:
                 # Plugins free their process groups in __del__: let that happen while the cell's group lives.
                 del booster, boosted, boosted_optimizer, optimizer, model
