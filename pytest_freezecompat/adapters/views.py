@@ -40,6 +40,9 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
 
 #: How long the gloo workers get to let go of a finished collective's tensors (`settle_groups`).
 SETTLE_S = 0.01
+#: From this torch on, a process group's destructor releases the GIL (pytorch/pytorch#154976, merged 2025-06-04,
+#: before 2.8 branched): `settle_groups` has nothing to prevent there.
+GIL_RELEASING_GROUP_DESTRUCTOR = (2, 8)
 
 
 def settle_groups() -> None:
@@ -51,6 +54,8 @@ def settle_groups() -> None:
     pytorch/pytorch#56297; the destructor releases the GIL since pytorch/pytorch#154976 (torch 2.8). A barrier
     on every group waits for its earlier work; the sleep (the GIL released) lets the workers finish with it.
     A collective: every rank calls it."""
+    if torch.__version__ >= GIL_RELEASING_GROUP_DESTRUCTOR:
+        return
     for group in list(dist.distributed_c10d._world.pg_map):  # creation order: the same on every rank
         dist.barrier(group=group)
     time.sleep(SETTLE_S)
