@@ -45,7 +45,6 @@ class Template:
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_end.fileno(),), start_new_session=True)
         child_end.close()
-        self.ready: TemplateReady | None = None
 
     @property
     def alive(self) -> bool:
@@ -62,7 +61,6 @@ class Template:
             raise TemplateError(f"sent {type(message).__name__} before it was ready")
         if message.threads > 1 and message.threads_from is None:  # a fork copies only the calling thread
             raise TemplateError(f"runs {message.threads} threads after its imports; it cannot fork ranks safely")
-        self.ready = message
         return message
 
     def _take(self, message: object) -> object:

@@ -22,8 +22,6 @@ RENDEZVOUS_PHASE = "init process group"
 
 @dataclass(frozen=True)
 class TemplateReady:
-    pid: int
-    import_s: float
     threads: int  # the template's threads after its imports: a fork copies only the calling one
     #: The user module whose import left a thread running (the template then forks nothing), or None.
     threads_from: str | None = None
@@ -62,8 +60,7 @@ class Stop:
 
 @dataclass(frozen=True)
 class Ready:
-    pid: int
-    import_s: float
+    """The rank is connected to the pool's store and waits for cells."""
 
 
 @dataclass(frozen=True)

@@ -96,10 +96,9 @@ def serve(conn: Connection, stack_file: str) -> None:
     faulthandler.enable()  # a segfault prints every thread's stack into the rank's log
     with open(stack_file, "w") as stacks:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-        started = time.perf_counter()
         store = _connect_store()
         kept = KeptState()
-        conn.send(Ready(os.getpid(), time.perf_counter() - started))
+        conn.send(Ready())
         while True:
             try:
                 message = conn.recv()

@@ -23,7 +23,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle
@@ -125,7 +124,6 @@ def _import_user_modules(names: list[str]) -> str | None:
 
 
 def serve(conn: Connection, preload: list[str], user_modules: list[str]) -> NoReturn:
-    started = time.perf_counter()
     import torch
 
     from . import main  # noqa: F401 - the rank's own modules, imported once for every fork
@@ -144,7 +142,7 @@ def serve(conn: Connection, preload: list[str], user_modules: list[str]) -> NoRe
     # (each cell's leave, and the automatic ones) scans only what a cell made. With a framework imported
     # one took ~0.1-0.35 s, most of a warm cell's time. Frozen before the fork, it stays shared too.
     gc.freeze()
-    conn.send(TemplateReady(os.getpid(), time.perf_counter() - started, _threads(), threads_from))
+    conn.send(TemplateReady(_threads(), threads_from))
 
     controller = int(os.environ[CONTROLLER_PID])
     wake_read, wake_write = os.pipe()
@@ -153,30 +151,31 @@ def serve(conn: Connection, preload: list[str], user_modules: list[str]) -> NoRe
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a rank's exit wakes the loop below at once
     children: set[int] = set()
     pool_folder: Path | None = None
-    while os.getppid() == controller:
-        ready = wait([conn, wake_read], timeout=WATCHDOG_S)
-        if wake_read in ready:
-            os.read(wake_read, 512)
-        _reap(conn, children)
-        if conn not in ready:
-            continue
-        try:
+    stopped = False
+    try:
+        while os.getppid() == controller and not stopped:
+            ready = wait([conn, wake_read], timeout=WATCHDOG_S)
+            if wake_read in ready:
+                os.read(wake_read, 512)
+            _reap(conn, children)
+            if conn not in ready:
+                continue
             message = conn.recv()
-        except (EOFError, OSError):
-            break
-        if isinstance(message, Stop):
-            break
-        if isinstance(message, Fork):
-            rank_fd = recv_handle(conn)
-            pool_folder = Path(message.log_path).parent
-            pid = os.fork()
-            if pid == 0:
-                _become_rank(message, rank_fd, [conn.fileno(), wake_read, wake_write])
-            os.close(rank_fd)
-            children.add(pid)
-            conn.send(Forked(pid))
-    # Stopped by the pool, or the controller is gone (whatever ended it): nothing of ours outlives it.
-    _end(children, pool_folder if os.getppid() != controller else None)
+            stopped = isinstance(message, Stop)
+            if isinstance(message, Fork):
+                rank_fd = recv_handle(conn)
+                pool_folder = Path(message.log_path).parent
+                pid = os.fork()
+                if pid == 0:
+                    _become_rank(message, rank_fd, [conn.fileno(), wake_read, wake_write])
+                os.close(rank_fd)
+                children.add(pid)
+                conn.send(Forked(pid))
+    except (EOFError, OSError):  # the pipe closed: the controller is gone, even if we are not reparented yet
+        pass
+    # Stopped by the pool (which removes its folder), or the controller is gone, whatever ended it: nothing of
+    # ours outlives it.
+    _end(children, None if stopped else pool_folder)
 
 
 if __name__ == "__main__":
