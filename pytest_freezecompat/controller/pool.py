@@ -3,12 +3,13 @@
 A fresh launch costs seconds (torch alone ~1.3 s here, the big frameworks far
 more); a warm rank runs a cell in a fraction of that. Ranks are forked from one
 template per rank slot that imported everything once (`rank.template`), so a
-restart after a crash takes milliseconds, not a new interpreter. Each cell gets its own
-key prefix in the pool's rendezvous store (owned by the controller, listening on
-loopback only, joined once per rank at start-up) and a fresh process group. A
-cell that hangs, crashes a rank or errors on one rank only ends with every
-rank's story; the pool is then killed (whole process groups, so framework helper
-processes go too) and restarted for the next cell.
+restart takes milliseconds, not a new interpreter. Ranks join their default group
+at their first cell (keys under the cell's prefix in the pool's rendezvous store,
+owned by the controller, listening on loopback only, joined once per rank) and keep
+it while cells end cleanly and the ranks agree on the collectives they ran
+(`rank.kept`). A cell that errors, hangs, crashes a rank or errors on one rank only
+ends with every rank's story; the ranks are then killed (whole process groups, so
+framework helper processes go too) and fresh ones forked for the next cell.
 """
 
 from __future__ import annotations

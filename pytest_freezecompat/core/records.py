@@ -39,7 +39,7 @@ class Outcome(str, enum.Enum):
     TIMEOUT = "timeout"
     CRASH = "crash"
     STUCK_AFTER_ERROR = "stuck-after-error"  # one rank raised, a peer never replied
-    RENDEZVOUS_HANG = "rendezvous-hang"  # joining the cell's fresh group hung (the harness; retried once)
+    RENDEZVOUS_HANG = "rendezvous-hang"  # joining the default group hung (the harness; retried once)
 
 
 @dataclass
@@ -122,7 +122,7 @@ class CellRun:
     ranks: list[RankState]
     fresh_start_s: float | None = None  # the pool was (re)started for this cell, taking this long
     notes: list[str] = field(default_factory=list)
-    rendezvous_retries: int = 0  # joining the cell's fresh group hung, so the pool restarted and ran it again
+    rendezvous_retries: int = 0  # joining the default group hung, so the ranks were replaced and it ran again
     dispatch_s: float = 0.0  # from sending the cell to the last reply, as the controller saw it
     tidy_s: float | None = None  # rank 0 tidying the cell away (None when the ranks were replaced instead)
 

@@ -139,7 +139,7 @@ def serve(conn: Connection, preload: list[str], user_modules: list[str]) -> NoRe
     _warm_up()
     threads_from = _import_user_modules(user_modules) if _threads() == 1 else None
     # What the imports made lives as long as every rank: out of the collector's sight, so a full collection
-    # (each cell's leave, and the automatic ones) scans only what a cell made. With a framework imported
+    # (each cell's tidy, and the automatic ones) scans only what a cell made. With a framework imported
     # one took ~0.1-0.35 s, most of a warm cell's time. Frozen before the fork, it stays shared too.
     gc.freeze()
     conn.send(TemplateReady(_threads(), threads_from))
