@@ -45,6 +45,7 @@ class Template:
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_end.fileno(),), start_new_session=True)
         child_end.close()
+        self.unreadable = False  # set when a read was interrupted: exits are then told by /proc
 
     @property
     def alive(self) -> bool:
@@ -70,11 +71,16 @@ class Template:
 
     def drain(self) -> None:
         """Read what the template said (exits) without waiting."""
+        if self.unreadable:
+            return
         try:
             while self._conn.poll(0):
                 self._take(self._conn.recv())
         except (EOFError, OSError):
             pass
+        except KeyboardInterrupt:  # Ctrl-C mid-message: the rest of the stream cannot be trusted (a read could block)
+            self.unreadable = True
+            raise
 
     def fork(self, request: Fork) -> tuple[ForkedRank, Connection]:
         """A fresh rank and the controller's end of its pipe."""
@@ -94,6 +100,9 @@ class Template:
         except (EOFError, OSError) as exc:
             parent_end.close()
             raise TemplateError(f"lost while forking a rank ({exc})") from exc
+        except KeyboardInterrupt:
+            self.unreadable = True
+            raise
         finally:
             child_end.close()
 
@@ -123,8 +132,10 @@ class ForkedRank:
             self.template.drain()
             if self.pid in self.template.exits:
                 self.returncode = self.template.exits.pop(self.pid)
-            elif not self.template.alive and not Path(f"/proc/{self.pid}").exists():
-                # The template died first: the rank's watchdog killed its process group (SIGKILL).
+            elif ((not self.template.alive or self.template.unreadable)
+                  and not Path(f"/proc/{self.pid}").exists()):
+                # The template died first (the rank's watchdog then killed its process group) or can no
+                # longer be read: gone, by SIGKILL (the pool's, or the watchdog's).
                 self.returncode = -signal.SIGKILL
         return self.returncode
 
