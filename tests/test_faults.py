@@ -48,6 +48,10 @@ def _parent(pid: int) -> int | None:
     return int(fields[1]) if len(fields) > 1 else None
 
 
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class MatrixProcess:
     """One `pytest --freeze-matrix` of our own, in `cwd`, with its own marker and TMPDIR."""
 
@@ -62,7 +66,9 @@ class MatrixProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "--freeze-matrix", f"--freeze-matrix-report={report}",
              "-p", "no:cacheprovider", "-p", "no:randomly", *args],
-            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            # A user's terminal delivers Ctrl-C; a suite started in the background (`cmd &`) inherits SIGINT ignored.
+            preexec_fn=_sigint_as_at_a_terminal)
 
     def finished_cells(self) -> int:
         """Cells on disk: the report plus the journals (what survives any kill)."""
