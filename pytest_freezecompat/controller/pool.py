@@ -33,7 +33,7 @@ from ..core.cell import Cell
 from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Fork, KeepGroup, Left, Phase, Ready, Reply, RunCell, Stop
 from ..core.names import short_paths
 from ..core.records import CellRun, Outcome, RankRecord, RankState
-from .templates import ForkedRank, Template, TemplateError
+from .templates import ForkedRank, Template, TemplateError, describe_exit
 
 #: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
 STARTUP_TIMEOUT_S = 180.0
@@ -77,12 +77,6 @@ def _loopback_store(timeout_s: float) -> tuple[Any, int]:
     store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False, master_listen_fd=listener.detach(), use_libuv=False)
     return store, port
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        return f"killed by signal {signal.Signals(-returncode).name}"
-    return f"exited with code {returncode}"
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -185,7 +179,7 @@ class RankPool:
         for rank, conn in enumerate(self._conns):
             while not conn.poll(POLL_S):
                 if self._procs[rank].poll() is not None or time.monotonic() > deadline:
-                    why = (_describe_exit(self._procs[rank].returncode) if self._procs[rank].poll() is not None
+                    why = (describe_exit(self._procs[rank].returncode) if self._procs[rank].poll() is not None
                            else f"silent for {STARTUP_TIMEOUT_S:.0f} s")
                     tail = _tail(self._paths(rank)[0], 5).replace("\n", " | ")
                     self.close()
@@ -312,7 +306,7 @@ class RankPool:
         died = f"rank {rank} {{}} while tidying the cell away"
         while not conn.poll(POLL_S):
             if proc.poll() is not None:
-                return died.format(_describe_exit(proc.returncode))
+                return died.format(describe_exit(proc.returncode))
             if time.monotonic() > deadline:
                 return f"rank {rank} did not tidy the cell away within {TIDY_TIMEOUT_S:.0f} s"
         try:
@@ -320,7 +314,7 @@ class RankPool:
         except (EOFError, OSError):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
-            return died.format("closed its pipe" if proc.poll() is None else _describe_exit(proc.returncode))
+            return died.format("closed its pipe" if proc.poll() is None else describe_exit(proc.returncode))
         if not isinstance(message, Left):
             return f"rank {rank} sent {type(message).__name__} instead of tidying the cell away"
         seconds.append(message.seconds)
@@ -347,7 +341,7 @@ class RankPool:
         for state, proc in zip(states, self._procs):
             log_path, stack_path = self._paths(state.rank)
             if proc.poll() is not None:
-                state.exit = _describe_exit(proc.returncode)
+                state.exit = describe_exit(proc.returncode)
             elif state.record is None:
                 state.stack = short_paths(stack_path.read_text(errors="replace")) if stack_path.exists() else ""
             state.log_tail = short_paths(_tail(log_path))

@@ -24,6 +24,13 @@ FORK_TIMEOUT_S = 30.0
 POLL_S = 0.05
 
 
+def describe_exit(returncode: int) -> str:
+    """A process's end as `subprocess` reports it (negative: the signal), in words."""
+    if returncode < 0:
+        return f"killed by signal {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
 class TemplateError(RuntimeError):
     """A template could not start or stopped answering."""
 
@@ -54,7 +61,7 @@ class Template:
     def wait_ready(self, deadline: float) -> TemplateReady:
         while not self._conn.poll(0.2):
             if not self.alive:
-                raise TemplateError(f"exited with code {self.proc.returncode}")
+                raise TemplateError(describe_exit(self.proc.returncode))
             if time.monotonic() > deadline:
                 raise TemplateError("silent while importing")
         message = self._conn.recv()
