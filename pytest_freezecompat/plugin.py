@@ -75,6 +75,7 @@ def _options(config: pytest.Config) -> Options:
         timeout_s=timeout_s, world_size=world_size, spec_path=config.getoption("freeze_matrix_spec"),
         report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
         report_dir_is_default=report_dir is None, environment=config.getoption("freeze_matrix_environment"),
+        command=shlex.join(["pytest", *config.invocation_params.args]), rootdir=config.rootpath,
     )
     if not hasattr(config, "workerinput"):  # xdist workers never write the report
         try:

@@ -44,6 +44,8 @@ class Options:
     report_dir: Path
     report_dir_is_default: bool
     environment: str | None
+    command: str = ""  # the command line, as the report's run metadata shows it
+    rootdir: Path = Path()  # whose git commit the report names
 
 
 def detect_device(world_size: int) -> tuple[str, str]:
@@ -196,7 +198,11 @@ class MatrixRun:
         """Versions of an environment's stack, as this process sees them (cached: metadata scans are slow)."""
         if name not in self._environment_info:
             frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.environment == name}
-            self._environment_info[name] = schema.environment_info(frameworks, self.device, self.backend)
+            axes = {axis: self.spec.values(axis) for axis in ("framework", "model", "plugin", "init", "checkpoint",
+                                                              "freeze")}
+            self._environment_info[name] = schema.environment_info(
+                frameworks, self.device, self.backend, axes=axes,
+                run=schema.run_info(self.options.command, self.options.rootdir))
         return self._environment_info[name]
 
     def write_report(self, *, final: bool = False) -> Folded | None:

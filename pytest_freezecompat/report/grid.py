@@ -62,9 +62,25 @@ class Section:
     grad_access: tuple[GradAccess, ...]
 
 
-def distinct(cells: Iterable[Cell], field: str) -> tuple[str, ...]:
-    """A field's values in first-seen order: the report is sorted by id, so the tables follow it."""
-    return tuple(dict.fromkeys(cell[field] for cell in cells))
+#: An axis -> its values in the matrix file's order (`axis_order`); values it does not list come after, as seen.
+Order = dict[str, list[str]]
+
+
+def axis_order(report: dict[str, Any]) -> Order:
+    """The matrix file's order of every axis, from the environments that ran (each records its spec's `axes`)."""
+    order: dict[str, dict[str, None]] = {}
+    for info in report.get("environments", {}).values():
+        for axis, values in (info.get("axes") or {}).items():
+            if isinstance(values, list):
+                order.setdefault(axis, {}).update(dict.fromkeys(v for v in values if isinstance(v, str)))
+    return {axis: list(values) for axis, values in order.items()}
+
+
+def distinct(cells: Iterable[Cell], field: str, order: Order | None = None) -> tuple[str, ...]:
+    """A field's values in the matrix file's order where `order` knows them, then the rest in first-seen order."""
+    seen = dict.fromkeys(cell[field] for cell in cells)
+    ranked = dict.fromkeys(value for value in (order or {}).get(field, ()) if value in seen)
+    return (*ranked, *(value for value in seen if value not in ranked))
 
 
 def _key(cell: Cell) -> tuple[str, ...]:
@@ -87,13 +103,13 @@ def _grad_access(cells: list[Cell]) -> tuple[GradAccess, ...]:
     return tuple(first.values())
 
 
-def _section(framework: str, cells: list[Cell]) -> Section:
+def _section(framework: str, cells: list[Cell], order: Order | None) -> Section:
     index = {_key(cell): cell for cell in cells}
-    plugins, checkpoints = distinct(cells, "plugin"), distinct(cells, "checkpoint")
+    plugins, checkpoints = distinct(cells, "plugin", order), distinct(cells, "checkpoint", order)
     blocks = []
-    for model in distinct(cells, "model"):
-        for init in distinct((c for c in cells if c["model"] == model), "init"):
-            freezes = distinct((c for c in cells if c["model"] == model and c["init"] == init), "freeze")
+    for model in distinct(cells, "model", order):
+        for init in distinct((c for c in cells if c["model"] == model), "init", order):
+            freezes = distinct((c for c in cells if c["model"] == model and c["init"] == init), "freeze", order)
             rows = tuple(Row(freeze, tuple(
                 Column(plugin, tuple(index.get((framework, model, init, freeze, plugin, ck)) for ck in checkpoints))
                 for plugin in plugins)) for freeze in freezes)
@@ -103,10 +119,10 @@ def _section(framework: str, cells: list[Cell]) -> Section:
                    _grad_access(cells))
 
 
-def sections(cells: list[Cell]) -> list[Section]:
-    """One section per framework, in report order."""
-    return [_section(framework, [c for c in cells if c["framework"] == framework])
-            for framework in distinct(cells, "framework")]
+def sections(cells: list[Cell], order: Order | None = None) -> list[Section]:
+    """One section per framework, in the matrix file's order (`axis_order`), else in report order."""
+    return [_section(framework, [c for c in cells if c["framework"] == framework], order)
+            for framework in distinct(cells, "framework", order)]
 
 
 def rendezvous_retried(cells: list[dict[str, Any]]) -> list[str]:

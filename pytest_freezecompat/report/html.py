@@ -139,7 +139,7 @@ def _legend() -> str:
 
 def render(report: dict[str, Any]) -> str:
     cells = report["cells"]
-    sections = grid.sections(cells)
+    sections = grid.sections(cells, grid.axis_order(report))
     statuses = [s for s in grid.DISPLAY_STATUSES if any(s in section.counts for section in sections)]
     filters = [_select("framework", [section.framework for section in sections]),
                _select("plugin", grid.distinct(cells, "plugin")), _select("freeze", grid.distinct(cells, "freeze")),

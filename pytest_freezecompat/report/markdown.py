@@ -152,7 +152,7 @@ def _known_issues(cells: list[dict[str, Any]]) -> list[str]:
 
 def render(report: dict[str, Any]) -> str:
     cells = report["cells"]
-    sections = grid.sections(cells)
+    sections = grid.sections(cells, grid.axis_order(report))
     out = ["# Freeze compatibility matrix", "",
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -64,8 +66,11 @@ CELL = Table(
               "finished_at": "string", "rendezvous_retries": "integer",
               "phases_s": Table(), "group_kept": "boolean"})
 #: An `environments` value (`environment_info`).
+#: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's
+#: values in the matrix file's order, so tables follow the file rather than the order cells happened to run in.
+RUN = Table(optional={"plugin": STRING_OR_NULL, "commit": STRING_OR_NULL, "date": "string", "command": "string"})
 ENVIRONMENT = Table(optional={"python": "string", "torch": STRING_OR_NULL, "frameworks": Table(), "device": "string",
-                              "backend": "string", "platform": "string"})
+                              "backend": "string", "platform": "string", "run": RUN, "axes": Table()})
 
 
 class ReportError(ValueError):
@@ -83,9 +88,11 @@ def distribution_version(module: str) -> str | None:
     return None
 
 
-def environment_info(frameworks: dict[str, str], device: str, backend: str) -> dict[str, Any]:
-    """Versions that decide the results: python, torch, each framework this environment runs."""
-    return {
+def environment_info(frameworks: dict[str, str], device: str, backend: str, *,
+                     run: dict[str, Any] | None = None, axes: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """Versions that decide the results (python, torch, each framework this environment runs), and optionally
+    the run's metadata and the matrix file's axis order."""
+    info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": distribution_version("torch"),
         "frameworks": {name: distribution_version(module) for name, module in frameworks.items()},
@@ -93,6 +100,40 @@ def environment_info(frameworks: dict[str, str], device: str, backend: str) -> d
         "backend": backend,
         "platform": platform.platform(terse=True),
     }
+    if run is not None:
+        info["run"] = run
+    if axes is not None:
+        info["axes"] = axes
+    return info
+
+
+def plugin_version() -> str | None:
+    try:
+        return metadata.version("pytest-freezecompat")
+    except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+        return None
+
+
+def checkout_commit(directory: Path) -> str | None:
+    """The git commit `directory` is checked out at (`-dirty` when tracked files changed), or None outside git."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=10,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def run_info(command: str, directory: Path) -> dict[str, Any]:
+    """What a reader of a published table asks first: which code, which commit, when, by which command."""
+    return {"plugin": plugin_version(), "commit": checkout_commit(directory),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "command": command}
 
 
 def _a(json_name: str) -> str:
