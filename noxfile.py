@@ -1,17 +1,22 @@
 """Environments and jobs, read from the matrix data (matrix/frameworks/*.toml).
 
-Each framework pins its own torch, so each environment is its own virtualenv:
+Each framework pins its own torch, so each environment is its own virtualenv, `.nox/<env>`, shared by
+its `matrix-<env>` and `tests-<env>` sessions (built once per pin set, not once per session):
   nox -t matrix   build every environment, run its slice of the matrix, merge into reports/
-  nox -t tests    build every environment, run the plugin's tests that belong to it
-  nox -s matrix-torch -- --freeze-matrix-select plugin=fsdp2   one slice, extra pytest args
+  nox -t tests    build every environment, run the plugin's tests that belong to it; then a built wheel
+                  in fresh venvs, with and without torch
+  nox -s matrix-torch -- --freeze-matrix-select=plugin=fsdp2   one slice, extra pytest args
+FREEZECOMPAT_DROP_ENVIRONMENTS=1 removes each environment once its tests ran (CI: one CUDA torch on disk at a time).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nox
@@ -19,6 +24,7 @@ import nox
 ROOT = Path(__file__).parent
 SHARDS = ROOT / ".freeze-matrix" / "shards"
 PUBLISHED = ROOT / "reports"
+ENVIRONMENTS = ROOT / ".nox"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 #: pytest's exit code 1 means "some cells are not pass": a finding of the matrix, not a broken job.
@@ -38,42 +44,66 @@ def environments() -> dict[str, dict[str, list[str]]]:
     return json.loads(found.stdout)
 
 
-def _install(session: nox.Session, pins: list[str]) -> None:
-    # One pip call per requirement string, in order: some stacks must get their torch first.
-    for requirement in pins:
-        session.install(*requirement.split())
-    session.install("-e", ".[test]")
+class Environment:
+    """One pin set's virtualenv, shared by the sessions that need it (nox would build one per session):
+    rebuilt only when its pins or the interpreter change, the checkout installed editable each time."""
+
+    def __init__(self, session: nox.Session, name: str, pins: list[str]) -> None:
+        self.session = session
+        self.location = ENVIRONMENTS / name
+        stamp = self.location / "freezecompat-pins.json"
+        wanted = json.dumps({"python": sys.version, "pins": pins})
+        if not (stamp.is_file() and stamp.read_text() == wanted and self.bin("python").exists()):
+            shutil.rmtree(self.location, ignore_errors=True)
+            session.run_install(sys.executable, "-m", "virtualenv", "-q", str(self.location))
+            for requirement in pins:  # one pip call per requirement string, in order: some stacks need torch first
+                self.pip("install", *requirement.split())
+            stamp.write_text(wanted)
+        self.pip("install", "-q", "-e", ".[torch,test]")
+
+    def bin(self, program: str) -> Path:
+        return self.location / "bin" / program
+
+    def pip(self, *args: str) -> None:
+        self.session.run_install(str(self.bin("python")), "-m", "pip", *args)
+
+    def run(self, program: str, *args: str, **kwargs: object) -> str | bool | None:
+        return self.session.run(str(self.bin(program)), *args, **kwargs)
+
+    def drop_if_asked(self) -> None:
+        if os.environ.get("FREEZECOMPAT_DROP_ENVIRONMENTS") == "1":
+            shutil.rmtree(self.location, ignore_errors=True)
 
 
 def _matrix_session(name: str, pins: list[str]) -> None:
-    @nox.session(name=f"matrix-{name}", tags=["matrix"])
+    @nox.session(name=f"matrix-{name}", tags=["matrix"], venv_backend="none")
     def matrix(session: nox.Session) -> None:
-        _install(session, pins)
-        frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+        env = Environment(session, name, pins)
+        frozen = env.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
         if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
             shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
-        if frozen:  # None under --install-only; the editable line (this checkout's path) is left out
+        if isinstance(frozen, str):  # None under --install-only; the editable line (this checkout) is left out
             (SHARDS / name).mkdir(parents=True, exist_ok=True)
             (SHARDS / name / "pip-freeze.txt").write_text(frozen)
         # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
-        session.run("pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
-                    f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", "examples",
-                    *session.posargs,
-                    success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
+        env.run("pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
+                f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", "examples",
+                *session.posargs, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
 
 
 def _tests_session(name: str, pins: list[str], frameworks: list[str]) -> None:
-    @nox.session(name=f"tests-{name}", tags=["tests"])
+    @nox.session(name=f"tests-{name}", tags=["tests"], venv_backend="none")
     def tests(session: nox.Session) -> None:
-        _install(session, pins)
+        env = Environment(session, name, pins)
         if name == "torch":  # the engine's own tests run once, in the torch environment
-            session.run("ruff", "check", ".")
-            session.run("pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
+            env.run("ruff", "check", ".")
+            env.run("pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
         # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
         # would import as an empty namespace package wherever the framework is not installed.
         paths = [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
         if paths:
-            session.run("pytest", *paths, *session.posargs)
+            env.run("pytest", *paths, *session.posargs)
+        env.drop_if_asked()
 
 
 for _name, _env in environments().items():
@@ -81,15 +111,35 @@ for _name, _env in environments().items():
     _tests_session(_name, _env["install"], _env["frameworks"])
 
 
+@nox.session(tags=["tests"], reuse_venv="no")
+def wheel(session: nox.Session) -> None:
+    """The package as a user gets it: a built wheel in fresh venvs, run from an empty folder, with torch (a few
+    cells) and without it (the report tools; the matrix refuses in one line). tests/wheel/ holds the checks."""
+    work = Path(tempfile.mkdtemp(prefix="freezecompat-wheel-"))  # outside the checkout: no ini file above it
+    try:
+        dist, bare = work / "dist", work / "without-torch"
+        session.install("build")
+        session.run("python", "-m", "build", "--wheel", "--sdist", "--outdir", str(dist))
+        built = next(dist.glob("*.whl"))
+        session.run(sys.executable, "-m", "virtualenv", "-q", str(bare), external=True)
+        session.run(str(bare / "bin" / "python"), "-m", "pip", "install", "-q", str(built), external=True)
+        session.install(f"{built}[torch]", "torch==2.13.0")
+        checks = {"FREEZECOMPAT_WHEEL_DIST": str(dist), "FREEZECOMPAT_BARE_PYTHON": str(bare / "bin" / "python")}
+        session.run("pytest", "-p", "no:cacheprovider", "-q", f"--basetemp={work / 'runs'}",
+                    str(ROOT / "tests" / "wheel"), env=checks)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 @nox.session(tags=["matrix"])
 def report(session: nox.Session) -> None:
     """Merge the shards of every environment into the published report (no torch needed)."""
     shards = [str(SHARDS / env / "matrix.json") for env in environments() if (SHARDS / env / "matrix.json").exists()]
-    session.install("packaging")
+    session.install(".")  # no torch: the report tools need none
     if not shards:  # e.g. `nox -t matrix --install-only`; a failed matrix session has failed the run already
         session.skip("no shard to merge yet: run `nox -t matrix` (or a matrix-<env> session) first")
-    session.run("python", "-m", "pytest_freezecompat.cli", "merge", *shards, "-o", str(PUBLISHED),
-                "--known-issues", str(ROOT / "matrix" / "known_issues.toml"), env={"PYTHONPATH": str(ROOT)})
+    session.run("freezecompat", "merge", *shards, "-o", str(PUBLISHED),
+                "--known-issues", str(ROOT / "matrix" / "known_issues.toml"))
     for env in environments():  # each environment's exact versions, beside the table they produced
         frozen = SHARDS / env / "pip-freeze.txt"
         if frozen.exists():

@@ -61,6 +61,8 @@ def _diff(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freezecompat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"freezecompat (pytest-freezecompat) {schema.plugin_version() or 'unknown'}")
     commands = parser.add_subparsers(dest="command", required=True)
     merge_cmd = commands.add_parser("merge", help="merge report shards into one report directory")
     merge_cmd.add_argument("shards", nargs="+", help="matrix.json files")

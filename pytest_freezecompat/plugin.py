@@ -7,8 +7,7 @@ run imports neither torch nor the controller.
 
 from __future__ import annotations
 
-import math
-import os
+import importlib.util
 import shlex
 import signal
 from collections import Counter
@@ -17,39 +16,29 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import options as settings
 from .core.cell import Cell
-from .core.records import STATUSES
+from .core.names import clip
+from .core.records import STATUSES, display_status
 
 if TYPE_CHECKING:
-    from .controller.runner import MatrixRun, Options
+    from .controller.runner import MatrixRun
 
-CELL_PROPERTY = "freeze_matrix_cell"
-#: A warm cell takes well under a second; framework imports on the first cell of a pool take up to a minute.
-DEFAULT_TIMEOUT_S = 120.0
-#: Below a second a cell cannot even join its process group; a day is longer than any CI allows.
-TIMEOUT_RANGE_S = (1.0, 86400.0)
-DEFAULT_REPORT_DIR = ".freeze-matrix"
-ENVIRONMENT_VARIABLE = "FREEZECOMPAT_ENVIRONMENT"
+#: The report attribute that carries a cell's whole record to the process that writes the report (xdist
+#: serializes a report's attributes); junitxml gets only `JUNIT_PROPERTIES`, as scalars.
+RECORD_ATTRIBUTE = "freeze_matrix_cell"
+JUNIT_PROPERTIES = ("status", "check", "cause", "known_issue", "repro", "emulation")
+#: Summary columns: what pytest counts (pass, the failures, skip), then xfail (`known`) and strict xpass (`fixed?`).
+SUMMARY_COLUMNS = (*STATUSES, "known", "fixed?")
+COLUMN_MARKUP = {"pass": {"green": True}, "fail": {"red": True}, "error": {"red": True}, "timeout": {"red": True},
+                 "crash": {"red": True}, "skip": {"yellow": True}, "known": {"yellow": True},
+                 "fixed?": {"red": True}}
+#: A terminal line of a failed cell: the first failure's message, cut at a boundary (the JSON has it all).
+TERMINAL_MESSAGE_CHARS = 600
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("freeze-matrix", "partial-freeze compatibility matrix (pytest-freezecompat)")
-    group.addoption("--freeze-matrix", action="store_true", help="run the freeze compatibility matrix")
-    group.addoption("--freeze-matrix-select", default="", metavar="AXIS=VALUE,...",
-                    help="keep only cells with these exact axis values (repeat an axis for alternatives), "
-                         "e.g. framework=torch,freeze=embedding")
-    group.addoption("--freeze-matrix-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                    help=f"seconds one cell may take before it is a timeout (default {DEFAULT_TIMEOUT_S:.0f})")
-    group.addoption("--freeze-matrix-world-size", type=int, default=2, metavar="N",
-                    help="ranks per cell (default 2)")
-    group.addoption("--freeze-matrix-spec", default=None, metavar="FILE",
-                    help="matrix file to use instead of the packaged one")
-    group.addoption("--freeze-matrix-report", default=None, metavar="DIR",
-                    help=f"where matrix.json and matrix.md go (default {DEFAULT_REPORT_DIR}/ under the rootdir, "
-                         "a directory that ignores itself in git)")
-    group.addoption("--freeze-matrix-environment", default=os.environ.get(ENVIRONMENT_VARIABLE), metavar="NAME",
-                    help=f"run only the frameworks this environment owns (default ${ENVIRONMENT_VARIABLE}; "
-                         "unset: every framework, non-importable ones skipped)")
+    settings.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,41 +46,38 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(MatrixSession(config), "freeze-matrix-session")
 
 
-def _options(config: pytest.Config) -> Options:
-    from .controller.runner import Options
+def _check_writable(options: settings.Options, config: pytest.Config) -> None:
     from .report.directory import ReportDirError, check_writable
 
-    world_size = config.getoption("freeze_matrix_world_size")
-    if world_size < 1:
-        raise pytest.UsageError("--freeze-matrix-world-size must be at least 1")
-    timeout_s = config.getoption("freeze_matrix_timeout")
-    low, high = TIMEOUT_RANGE_S
-    if not (math.isfinite(timeout_s) and low <= timeout_s <= high):
-        raise pytest.UsageError(f"--freeze-matrix-timeout must be between {low:.0f} and {high:.0f} seconds, "
-                                f"got {timeout_s}")
-    report_dir = config.getoption("freeze_matrix_report")
-    options = Options(
-        matrix=config.getoption("freeze_matrix"), select=config.getoption("freeze_matrix_select"),
-        timeout_s=timeout_s, world_size=world_size, spec_path=config.getoption("freeze_matrix_spec"),
-        report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
-        report_dir_is_default=report_dir is None, environment=config.getoption("freeze_matrix_environment"),
-        command=shlex.join(["pytest", *config.invocation_params.args]), rootdir=config.rootpath,
-    )
     if not hasattr(config, "workerinput"):  # xdist workers never write the report
         try:
             check_writable(options.report_dir)
         except ReportDirError as exc:
             raise pytest.UsageError(f"--freeze-matrix-report: {exc}") from None
-    return options
 
 
-def _start_run(config: pytest.Config) -> MatrixRun:
+def _check_selection(options: settings.Options) -> None:
+    """A bad selection or matrix file is one line before collection starts (the matrix loads without torch)."""
+    from .spec.matrix import SpecError, load
+    from .spec.plan import Selection, SelectionError
+
+    try:
+        Selection.parse(options.select, load(options.spec_path))
+    except (SpecError, SelectionError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _start_run(config: pytest.Config, options: settings.Options) -> MatrixRun:
+    missing = [name for name in ("torch", "numpy") if importlib.util.find_spec(name) is None]
+    if missing:  # before the controller's imports, which need both
+        raise pytest.UsageError(f"the freeze matrix runs its cells on torch and numpy; {' and '.join(missing)} "
+                                "not installed here: pip install torch numpy (or 'pytest-freezecompat[torch]')")
     from .controller.runner import MatrixRun
     from .spec.known_issues import KnownIssueError
     from .spec.matrix import SpecError, load
     from .spec.plan import SelectionError
 
-    options = _options(config)
+    _check_writable(options, config)
     try:
         spec = load(options.spec_path)
         if options.environment is not None and options.environment not in spec.environments:
@@ -123,9 +109,10 @@ class MatrixItem(pytest.Item):
         self.run = run
         self.extra_keyword_matches.update(cell.key.as_dict().values())
         self.add_marker(pytest.mark.freeze_matrix)
+        self.record: dict[str, Any] | None = None
         if cell.skip:
             self.add_marker(pytest.mark.skip(reason=cell.skip))
-            self.user_properties.append((CELL_PROPERTY, run.skip_record(cell, self.repro)))
+            self._keep(run.skip_record(cell, self.repro))
 
     @property
     def repro(self) -> str:
@@ -135,9 +122,17 @@ class MatrixItem(pytest.Item):
             return repro_command(self.cell, self.run.options)
         return shlex.join(["pytest", self.nodeid])
 
+    def _keep(self, record: dict[str, Any]) -> None:
+        """The record rides on the report (`RECORD_ATTRIBUTE`); junitxml sees a few scalars a dashboard can use."""
+        self.record = record
+        known = record.get("known_issue") or {}
+        values = {**record, "known_issue": known.get("id"), "check": record.get("check"),
+                  "cause": record.get("cause"), "emulation": bool(record.get("emulation"))}
+        self.user_properties.extend((name, values[name]) for name in JUNIT_PROPERTIES if values[name] is not None)
+
     def runtest(self) -> None:
         record = self.run.run_cell(self.cell, self.repro)
-        self.user_properties.append((CELL_PROPERTY, record))
+        self._keep(record)
         known = record.get("known_issue") or {}
         if known.get("expected") or known.get("fixed"):  # known: xfail; fixed?: strict xpass, so stale entries show
             self.add_marker(pytest.mark.xfail(reason=f"known issue {known['id']}: {known.get('link', '')}",
@@ -149,9 +144,10 @@ class MatrixItem(pytest.Item):
         if isinstance(excinfo.value, CellFailure):
             record = excinfo.value.args[0]
             lines = [f"{record['status'].upper()}" + (f" [{record['check']}]" if record.get("check") else "")
-                     + f": {record['message']}"]
+                     + f": {clip(record['message'], TERMINAL_MESSAGE_CHARS)}"]
             # Every other failed check too: a cell can fail the optimizer set *and* move a frozen param.
-            lines += [f"also [{failure['check']}]: {failure['message']}" for failure in record.get("failures", [])[1:]]
+            lines += [f"also [{failure['check']}]: {clip(failure.get('message', ''), TERMINAL_MESSAGE_CHARS)}"
+                      for failure in record.get("failures", [])[1:]]
             for rank in record.get("rank_details", []):
                 if "stack" in rank or "exit" in rank or "log_tail" in rank:
                     lines.append(f"--- rank {rank['rank']} ({rank.get('exit') or rank['phase']}) ---")
@@ -205,11 +201,15 @@ class MatrixSession:
         self._previous_sigterm: Any = None
         self._run: MatrixRun | None = None
         self._report_line = ""
-        if config.getoption("freeze_matrix"):
+        self._report_paths: list[Path] = []
+        self.options = settings.resolve(config)
+        if self.options.select:
+            _check_selection(self.options)
+        if self.options.matrix:
             self._begin()
 
     def _begin(self) -> MatrixRun:
-        self._run = _start_run(self.config)
+        self._run = _start_run(self.config, self.options)
         if self._previous_sigterm is None:
             try:
                 self._previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -244,11 +244,52 @@ class MatrixSession:
                                                               run=self.run))
         return report
 
+    def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
+        """What decides the results, before the first cell: as pytest-timeout and pytest-benchmark do."""
+        if not self._matrix_on:
+            return None
+        from .report import schema
+
+        run, options = self.run, self.options
+        where = f"environment {options.environment}" if options.environment else "every environment"
+        lines = [f"freeze-matrix: {len(run.cells)} cells, {where}, {run.device}/{run.backend}, world size "
+                 f"{options.world_size}, timeout {options.timeout_s:g} s, spec {run.spec.path}"]
+        missing = run.missing_frameworks()
+        versions = []
+        for name in dict.fromkeys(cell.key.framework for cell in run.cells):
+            if name in missing:
+                versions.append(f"{name} not importable")
+            else:
+                info = run.environment(run.spec.frameworks[name].environment)
+                versions.append(f"{name} {info['frameworks'].get(name) or '?'}")
+        lines.append(f"freeze-matrix stacks: torch {schema.distribution_version('torch') or '?'}; frameworks: "
+                     f"{', '.join(versions) or 'none'}")
+        return lines
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        report = yield
+        if isinstance(item, MatrixItem) and item.record is not None and (
+                call.when == "call" or (call.when == "setup" and report.skipped)):
+            setattr(report, RECORD_ATTRIBUTE, item.record)
+        return report
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # In the xdist controller this sees every worker's reports; without xdist, our own.
-        record = dict(report.user_properties).get(CELL_PROPERTY)
-        if record is not None and (report.when == "call" or (report.when == "setup" and report.skipped)):
+        record = getattr(report, RECORD_ATTRIBUTE, None)
+        if record is not None:
             self.run.collect(record)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Options that selected nothing are a usage error, not an empty run (exit 5) nobody can explain."""
+        if hasattr(self.config, "workerinput"):
+            return
+        if self._run is not None and (problem := self._run.selection_problem()):
+            raise pytest.UsageError(problem)
+        given = settings.given_on_command_line(self.config)
+        if self._run is None and given:
+            raise pytest.UsageError(f"{given[0]} does nothing without --freeze-matrix (the built-in matrix) or a "
+                                    "test file with @freeze_case cases: add --freeze-matrix")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._run is None:
@@ -265,8 +306,9 @@ class MatrixSession:
             kept = f"; {folded.from_other_runs} kept from earlier or concurrent runs" if folded.from_other_runs else ""
             aside = f"; an unreadable matrix.json was moved to {folded.set_aside}" if folded.set_aside else ""
             aside += f"; {folded.unusable_lines} damaged journal line(s) left out" if folded.unusable_lines else ""
-            self._report_line = (f"report: {folded.path} (+ .md, .html): {folded.cells} cells, "
-                                 f"{len(self._run.results)} from this run{kept}{aside}")
+            self._report_paths = [folded.path, folded.path.with_suffix(".md"), folded.path.with_suffix(".html")]
+            self._report_line = (f"{folded.cells} cells in the report, {len(self._run.results)} from this run"
+                                 f"{kept}{aside}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._previous_sigterm is not None:
@@ -275,15 +317,27 @@ class MatrixSession:
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if hasattr(config, "workerinput") or self._run is None or not self._run.results:
             return
-        counts: dict[tuple[str, str], Counter] = {}
-        for record in self.run.results.values():
-            counts.setdefault((record["framework"], record["plugin"]), Counter())[record["status"]] += 1
+        counts: dict[str, Counter[str]] = {}
+        for record in self.run.results.values():  # as pytest counts them: `known` xfailed, `fixed?` failed
+            counts.setdefault(f"{record['framework']}/{record['plugin']}", Counter())[display_status(record)] += 1
+        columns = [c for c in SUMMARY_COLUMNS if c in STATUSES or any(c in n for n in counts.values())]
+        rows = [["framework/plugin", *columns], *([name, *(str(n.get(c, 0)) for c in columns)]
+                                                   for name, n in counts.items())]
+        if len(counts) > 1:
+            rows.append(["total", *(str(sum(n.get(c, 0) for n in counts.values())) for c in columns)])
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         terminalreporter.section("freeze matrix")
-        width = max(len(f"{fw}/{plugin}") for fw, plugin in counts)
-        terminalreporter.write_line(f"{'framework/plugin':<{width}}  " + " ".join(f"{s:>7}" for s in STATUSES))
-        for (fw, plugin), counter in counts.items():
-            terminalreporter.write_line(f"{fw + '/' + plugin:<{width}}  "
-                                        + " ".join(f"{counter.get(s, 0):>7}" for s in STATUSES))
+        for index, row in enumerate(rows):
+            terminalreporter.write(row[0].ljust(widths[0]), bold=index == 0 or row[0] == "total")
+            for column, value, width in zip(columns, row[1:], widths[1:]):
+                markup = COLUMN_MARKUP[column] if index and value != "0" else {}
+                terminalreporter.write("  " + value.rjust(width), bold=index == 0, **markup)
+            terminalreporter.line("")
         for why in self.run.missing_frameworks().values():
             terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework
-        terminalreporter.write_line(self._report_line, red=self._report_line.startswith("report NOT"))
+        if self._report_paths:
+            terminalreporter.write_line(f"report: {self._report_line}")
+            for path in self._report_paths:
+                terminalreporter.write_line(f"  {path}")
+        else:
+            terminalreporter.write_line(self._report_line, red=self._report_line.startswith("report NOT"))

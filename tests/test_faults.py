@@ -196,7 +196,7 @@ def test_sigkill_of_pytest_ends_its_ranks_and_the_next_run_keeps_its_cells(tmp_p
     again, output = run(tmp_path, "--freeze-matrix-select=plugin=ok-after-hang")
     assert again.proc.returncode == 0, output
     assert again.statuses() == {"ok": "pass", "ok-after-hang": "pass"}
-    assert "2 cells, 1 from this run; 1 kept from earlier or concurrent runs" in output
+    assert "2 cells in the report, 1 from this run; 1 kept from earlier or concurrent runs" in output
     assert not again.leftovers()
 
 

@@ -314,3 +314,15 @@ def test_a_selector_may_name_a_freeze_case_where_user_models_run_but_not_a_near_
         registry(tmp_path, user_case).check_against(matrix.load(ROOT / "tests" / "specs" / "small.toml"))
     with pytest.raises(known_issues.KnownIssueError, match="model 'tiny-gtp' matches none of tiny-gpt; did you mean"):
         registry(tmp_path, user_case.replace("tiny-qwen2-vl", "tiny-gtp")).check_against(takes_users)
+
+
+def test_a_user_cell_is_selected_by_its_stack_and_explained_by_its_failure(tmp_path):
+    """A `@freeze_case` pattern has its own name: the entry's freeze and model names don't select it, its failure
+    does; and a passing user cell is never `fixed?` (the user's pattern may be one the issue leaves alone)."""
+    reg = registry(tmp_path)
+    failing = cell(freeze="head-only", model="my-model", user_model=True,
+                   message="ValueError: Must flatten tensors with uniform `requires_grad`")
+    assert known_issues.match(failing, ENV, reg)["id"] == "fsdp1-uniform"
+    assert known_issues.match({**failing, "user_model": False}, ENV, reg) is None  # a built-in pattern: not named
+    assert known_issues.match({**failing, "message": "KeyError: x"}, ENV, reg) is None
+    assert known_issues.match({**failing, "status": "pass", "message": ""}, ENV, reg) is None

@@ -18,11 +18,12 @@ MAY_IMPORT = {
     "spec": set(),
     "verdict": set(),
     "report": set(),
-    "controller": {"spec", "verdict", "report"},
+    "options": set(),  # the plugin's settings, resolved before anything is collected
+    "controller": {"spec", "verdict", "report", "options"},
     "models": set(),
     "adapters": {"models"},
     "rank": {"adapters", "models"},
-    "plugin": set(),  # the controller and the user API only inside functions
+    "plugin": {"options"},  # the controller and the user API only inside functions
     "user": {"spec", "verdict"},
     "cli": {"spec", "report", "verdict"},
     "__init__": set(),
@@ -30,7 +31,7 @@ MAY_IMPORT = {
 #: What every adapter may share (the rest of `adapters/` is one package per framework).
 SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize")
 #: Modules that a plain `pytest` run (plugin installed, no matrix) or the report tools import: no torch.
-TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "cli", "__init__")
+TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "options", "cli", "__init__")
 
 
 def _layer(path: Path) -> str:

@@ -11,7 +11,6 @@ import shlex
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from ..core.cell import Cell
 from ..core.names import short_paths
 from ..core.phases import KINDS
 from ..core.records import CellRecord, CellRun, Status
+from ..options import DEFAULT_WORLD_SIZE, Options
 from ..report import schema
 from ..report.directory import Folded, ReportDirectory
 from ..spec import known_issues
@@ -34,20 +34,6 @@ REPORT_EVERY_S = 5.0
 FOLD_SHARE = 0.1
 
 
-@dataclass(frozen=True)
-class Options:
-    matrix: bool  # --freeze-matrix: plan the built-in matrix (user cases run without it)
-    select: str
-    timeout_s: float
-    world_size: int
-    spec_path: str | None
-    report_dir: Path
-    report_dir_is_default: bool
-    environment: str | None
-    command: str = ""  # the command line, as the report's run metadata shows it
-    rootdir: Path = Path()  # whose git commit the report names
-
-
 def detect_device(world_size: int) -> tuple[str, str]:
     """(device, backend): NCCL on CUDA when enough GPUs are visible, else gloo on CPU."""
     import torch
@@ -58,12 +44,14 @@ def detect_device(world_size: int) -> tuple[str, str]:
 
 
 def repro_command(cell: Cell, options: Options) -> str:
-    args = ["pytest", "--freeze-matrix", "--freeze-matrix-select",
-            ",".join(f"{axis}={value}" for axis, value in cell.key.as_dict().items())]
+    """The one-cell command, options written `--opt=value`: a path after a space moves pytest's rootdir
+    (pytest#8846)."""
+    args = ["pytest", "--freeze-matrix",
+            "--freeze-matrix-select=" + ",".join(f"{axis}={value}" for axis, value in cell.key.as_dict().items())]
     if options.spec_path and Path(options.spec_path).resolve() != default_spec_path().resolve():
-        args += ["--freeze-matrix-spec", options.spec_path]
-    if options.world_size != 2:
-        args += ["--freeze-matrix-world-size", str(options.world_size)]
+        args.append(f"--freeze-matrix-spec={options.spec_path}")
+    if options.world_size != DEFAULT_WORLD_SIZE:
+        args.append(f"--freeze-matrix-world-size={options.world_size}")
     return shlex.join(args)
 
 
@@ -72,7 +60,7 @@ def _record(cell: Cell, repro: str, status: Status, message: str, **fields: Any)
     return CellRecord(key=cell.key, environment=cell.environment, world_size=cell.world_size,
                       precision=cell.precision, emulation=fields.pop("emulation", False), status=status.value,
                       message=message, repro=repro,
-                      rule_known_issue=cell.known_issue, **fields)
+                      rule_known_issue=cell.known_issue, user_model=cell.user_model is not None or None, **fields)
 
 
 def _phases(run: CellRun, judge_s: float) -> dict[str, float]:
@@ -105,6 +93,7 @@ class MatrixRun:
         self.known.require(c.known_issue for c in self.cells if c.known_issue)
         self._environment_info: dict[str, dict[str, Any]] = {}
         self.results: dict[str, dict[str, Any]] = {}
+        self.user_values: dict[str, set[str]] = {}  # the models and patterns user cases add to the axes
         self._pool: RankPool | None = None
         self._pool_error: str | None = None
         self.report = ReportDirectory(options.report_dir, self_ignoring=options.report_dir_is_default)
@@ -127,11 +116,18 @@ class MatrixRun:
 
     def add_user_case(self, case: UserCase) -> list[Cell]:
         # --freeze-matrix-select narrows user cases as it narrows the built-in matrix.
-        cells = [cell for cell in user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
-                                             environment=self.options.environment)
-                 if self.selection.keeps_key(cell.key)]
+        every = user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
+                           environment=self.options.environment)
+        for cell in every:
+            self.user_values.setdefault("model", set()).add(cell.key.model)
+            self.user_values.setdefault("freeze", set()).add(cell.key.freeze)
+        cells = [cell for cell in every if self.selection.keeps_key(cell.key)]
         self.cells.extend(cells)
         return cells
+
+    def selection_problem(self) -> str | None:
+        """Once collected: a selected model or pattern that no cell of the spec or of a user case has."""
+        return self.selection.unknown_to(self.spec, self.user_values)
 
     # -- running cells (in whichever process runs the item) --------------------------------
     def _get_pool(self) -> RankPool:

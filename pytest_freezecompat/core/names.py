@@ -12,6 +12,8 @@ from typing import Any
 VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 #: The axes of a cell's key, in the order of its id (`model/framework/plugin/init/checkpoint/freeze`).
 KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze")
+#: Axes whose values a user's `@freeze_case` adds (its model's name, its patterns), known only once collected.
+USER_AXES = ("model", "freeze")
 ID_SEPARATOR = "/"
 #: The checks a cell's verdict is made of, in the order they are reported.
 CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update")
@@ -49,3 +51,27 @@ def short_paths(text: str) -> str:
     for root in _ROOTS:
         text = text.replace(root, "")
     return text
+
+
+#: A message's first paragraph is what a terminal line shows; the whole text stays in the JSON and the HTML.
+HEADLINE_CHARS = 500
+#: Boundaries, strongest first, and how far back (a share of the limit) each may cut.
+_BOUNDARIES = ((". ", 1 / 2), ("; ", 2 / 3), (": ", 2 / 3), (", ", 2 / 3), (" (", 2 / 3))
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters at a sentence or field boundary (else a word), marked with `…`."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    for boundary, share in _BOUNDARIES:
+        at = head.rfind(boundary)
+        if at >= limit * share:
+            return head[:at + (1 if boundary.startswith(".") else 0)].rstrip() + " …"
+    return head.rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+def headline(text: str, limit: int = HEADLINE_CHARS) -> str:
+    """An exception's message as one line: its first paragraph (torch wraps long hints over several lines), clipped."""
+    paragraph = " ".join((text.strip().split("\n\n") or [""])[0].split())
+    return clip(paragraph, limit)

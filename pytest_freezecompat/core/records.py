@@ -163,6 +163,8 @@ class CellRecord:
     phases_s: dict[str, float] | None = None
     #: True when the cell ran on ranks (and a default group) kept from a clean earlier cell.
     group_kept: bool | None = None
+    #: True for a user's `@freeze_case` cell: its model and patterns are not the registry's names.
+    user_model: bool | None = None
 
     @property
     def id(self) -> str:
@@ -173,7 +175,7 @@ class CellRecord:
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
         for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
-                         "rendezvous_retries", "phases_s", "group_kept"):
+                         "rendezvous_retries", "phases_s", "group_kept", "user_model"):
             if data[optional] is None:
                 del data[optional]
         return data

@@ -20,7 +20,7 @@ from .. import models
 from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, resolve
-from ..core.names import import_ref, short_paths
+from ..core.names import headline, import_ref, short_paths
 from ..core.phases import kind_of
 from ..core.records import PlanFacts, RankError, RankRecord, StepFacts
 from . import reference
@@ -103,9 +103,8 @@ class Recorder:
 def describe_error(exc: BaseException, phase: str, rank: int, step: int | None = None) -> RankError:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
-    first_line = (str(exc).strip().splitlines() or [""])[0]
-    return RankError(type=type(exc).__name__, message=short_paths(first_line), full_message=short_paths(str(exc)),
-                     rank=rank, where=short_paths(where), phase=phase,
+    return RankError(type=type(exc).__name__, message=short_paths(headline(str(exc))),
+                     full_message=short_paths(str(exc)), rank=rank, where=short_paths(where), phase=phase,
                      traceback=short_paths("".join(traceback.format_exception(exc))), at=time.time(), step=step)
 
 

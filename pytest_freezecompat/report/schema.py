@@ -64,7 +64,7 @@ CELL = Table(
               "emulated": (STRINGS, "null"), "pool_start_s": ("number", "null"), "raised_in": STRING_OR_NULL,
               "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null"),
               "finished_at": "string", "rendezvous_retries": "integer",
-              "phases_s": Table(), "group_kept": "boolean"})
+              "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean"})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's
 #: values in the matrix file's order, so tables follow the file rather than the order cells happened to run in.

@@ -22,7 +22,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..core.names import CHECKS, KEY_AXES, VALUE_RE
+from ..core.names import CHECKS, KEY_AXES, USER_AXES, VALUE_RE
 from ..core.records import FAILING
 from .matrix import DEVICES, Spec, default_spec_path, listing, tomllib, unselectable
 
@@ -58,8 +58,12 @@ class Entry:
     predicts: dict[str, str]
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
+        """A user's cell is selected by the stack alone (framework, plugin, init, checkpoint, device): its model
+        and pattern names are its own, so what the entry explains (status, check, message, predictions) decides."""
         fields = {**{axis: str(cell.get(axis, "")) for axis in KEY_AXES}, "device": str(environment.get("device", ""))}
-        return any(all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in pats) for key, pats in when.items())
+        ignored = USER_AXES if cell.get("user_model") else ()
+        return any(all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in pats)
+                       for key, pats in when.items() if key not in ignored)
                    for when in self.when)
 
     def applies_to(self, environment: dict[str, Any]) -> bool:
@@ -273,8 +277,8 @@ def match(cell: dict[str, Any], environment: dict[str, Any], registry: Registry)
     if cell["status"] == "skip":
         return registry.get(named).describe() if named else None
     selecting = [e for e in registry.entries if e.selects(cell, environment) and e.applies_to(environment)]
-    if cell["status"] == "pass":
-        return {**selecting[0].describe(), "fixed": True} if selecting else None
+    if cell["status"] == "pass":  # a user's pattern may well be one the issue leaves alone: never `fixed?`
+        return {**selecting[0].describe(), "fixed": True} if selecting and not cell.get("user_model") else None
     first = registry.get(named) if named else None
     if first is not None and first.applies_to(environment) and first.explains(cell):
         return {**first.describe(), "expected": True}

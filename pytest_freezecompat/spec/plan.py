@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..core.cell import Cell, CellKey, UserModel
 from ..core.freeze import FreezePattern
-from ..core.names import KEY_AXES
+from ..core.names import KEY_AXES, USER_AXES
 from .matrix import Framework, Rule, Spec
 
 
@@ -30,6 +30,8 @@ class Selection:
 
     @classmethod
     def parse(cls, text: str, spec: Spec) -> Selection:
+        """Axes and values checked against the spec, except values of `USER_AXES` the spec lacks: a user case
+        may name them (`unknown_to` checks those once every case is collected)."""
         values: dict[str, set[str]] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             axis, sep, value = item.partition("=")
@@ -39,10 +41,18 @@ class Selection:
             if axis not in KEY_AXES:
                 raise SelectionError(f"--freeze-matrix-select: unknown axis {axis!r}; valid: {', '.join(KEY_AXES)}")
             valid = spec.values(axis)
-            if value not in valid:
+            if value not in valid and axis not in USER_AXES:
                 raise SelectionError(f"--freeze-matrix-select: unknown {axis} {value!r}; valid: {', '.join(valid)}")
             values.setdefault(axis, set()).add(value)
         return cls({axis: frozenset(v) for axis, v in values.items()})
+
+    def unknown_to(self, spec: Spec, user_values: dict[str, set[str]]) -> str | None:
+        """The usage error for a selected model or pattern that neither the spec nor any collected case has."""
+        for axis in USER_AXES:
+            valid = [*spec.values(axis), *sorted(user_values.get(axis, set()) - set(spec.values(axis)))]
+            for value in sorted(self.values.get(axis, frozenset()) - set(valid)):
+                return f"--freeze-matrix-select: unknown {axis} {value!r}; valid: {', '.join(valid)}"
+        return None
 
     def keeps(self, axis: str, value: str) -> bool:
         return axis not in self.values or value in self.values[axis]

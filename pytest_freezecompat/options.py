@@ -1,0 +1,128 @@
+"""The matrix's options: command line first, then the ini file (`[tool.pytest.ini_options]`), then defaults.
+
+Resolved and checked when pytest configures, before anything is collected, so a bad value is one
+`ERROR:` line rather than a collection error; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+#: A warm cell takes well under a second; framework imports on the first cell of a pool take up to a minute.
+DEFAULT_TIMEOUT_S = 120.0
+#: Below a second a cell cannot even join its process group; a day is longer than any CI allows.
+TIMEOUT_RANGE_S = (1.0, 86400.0)
+DEFAULT_WORLD_SIZE = 2
+DEFAULT_REPORT_DIR = ".freeze-matrix"
+ENVIRONMENT_VARIABLE = "FREEZECOMPAT_ENVIRONMENT"
+#: Options a project may set in its ini file, as pytest-timeout's `timeout` (the command line wins).
+INI_HELP = {
+    "freeze_matrix_spec": "matrix file instead of the packaged one (relative to the ini file)",
+    "freeze_matrix_report": f"report directory (relative to the ini file; default {DEFAULT_REPORT_DIR}/)",
+    "freeze_matrix_timeout": f"seconds one cell may take (default {DEFAULT_TIMEOUT_S:.0f})",
+    "freeze_matrix_world_size": f"ranks per cell (default {DEFAULT_WORLD_SIZE})",
+    "freeze_matrix_environment": f"run only the frameworks this environment owns (${ENVIRONMENT_VARIABLE} wins)",
+}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Options:
+    matrix: bool  # --freeze-matrix: plan the built-in matrix (user cases run without it)
+    select: str  # every --freeze-matrix-select, joined: values of one axis are alternatives
+    timeout_s: float
+    world_size: int
+    spec_path: str | None
+    report_dir: Path
+    report_dir_is_default: bool
+    environment: str | None
+    command: str = ""  # the command line, as the report's run metadata shows it
+    rootdir: Path = Path()  # whose git commit the report names
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("freeze-matrix", "partial-freeze compatibility matrix (pytest-freezecompat)")
+    group.addoption("--freeze-matrix", action="store_true", help="run the freeze compatibility matrix")
+    group.addoption("--freeze-matrix-select", action="append", default=[], metavar="AXIS=VALUE,...",
+                    help="keep only cells with these exact axis values; repeat the option or an axis for "
+                         "alternatives, e.g. --freeze-matrix-select=framework=torch,freeze=embedding")
+    group.addoption("--freeze-matrix-timeout", type=float, default=None, metavar="S",
+                    help=f"seconds one cell may take before it is a timeout (default {DEFAULT_TIMEOUT_S:.0f})")
+    group.addoption("--freeze-matrix-world-size", type=int, default=None, metavar="N",
+                    help=f"ranks per cell (default {DEFAULT_WORLD_SIZE})")
+    group.addoption("--freeze-matrix-spec", default=None, metavar="FILE",
+                    help="matrix file to use instead of the packaged one")
+    group.addoption("--freeze-matrix-report", default=None, metavar="DIR",
+                    help=f"where matrix.json, .md and .html go (default {DEFAULT_REPORT_DIR}/ under the rootdir, "
+                         "a directory that ignores itself in git)")
+    group.addoption("--freeze-matrix-environment", default=None, metavar="NAME",
+                    help=f"run only the frameworks this environment owns (default ${ENVIRONMENT_VARIABLE}; "
+                         "unset: every framework, non-importable ones skipped)")
+    for name, text in INI_HELP.items():
+        parser.addini(name, text, default="")
+
+
+def given_on_command_line(config: pytest.Config) -> list[str]:
+    """The `--freeze-matrix-*` options this command line sets (ini values are a project's standing choice)."""
+    names = ("select", "timeout", "world_size", "spec", "report", "environment")
+    return [f"--freeze-matrix-{name.replace('_', '-')}" for name in names
+            if config.getoption(f"freeze_matrix_{name}") not in (None, [])]
+
+
+def _setting(config: pytest.Config, name: str, convert: Callable[[str], T], default: T) -> T:
+    value = config.getoption(name)
+    if value is not None:
+        return value
+    text = str(config.getini(name)).strip()
+    if not text:
+        return default
+    try:
+        return convert(text)
+    except ValueError:
+        where = config.inipath.name if config.inipath else "the ini file"
+        raise pytest.UsageError(f"{name} = {text!r} in {where}: not {_KINDS[convert]}") from None
+
+
+_KINDS: dict[Any, str] = {float: "a number of seconds", int: "a whole number"}
+
+
+def _ini_path(config: pytest.Config, name: str) -> str | None:
+    """A path option: the command line's as given (relative to the cwd), the ini file's relative to that file."""
+    value = config.getoption(name)
+    if value is not None:
+        return value
+    text = str(config.getini(name)).strip()
+    if not text:
+        return None
+    base = config.inipath.parent if config.inipath else config.rootpath
+    return os.path.normpath(base / text)
+
+
+def resolve(config: pytest.Config) -> Options:
+    """Every setting, checked: a value out of range is a `pytest.UsageError` (one line)."""
+    world_size = _setting(config, "freeze_matrix_world_size", int, DEFAULT_WORLD_SIZE)
+    if world_size < 1:
+        raise pytest.UsageError(f"--freeze-matrix-world-size must be at least 1, got {world_size}")
+    timeout_s = _setting(config, "freeze_matrix_timeout", float, DEFAULT_TIMEOUT_S)
+    low, high = TIMEOUT_RANGE_S
+    if not (math.isfinite(timeout_s) and low <= timeout_s <= high):
+        raise pytest.UsageError(f"--freeze-matrix-timeout must be between {low:.0f} and {high:.0f} seconds, "
+                                f"got {timeout_s}")
+    report_dir = _ini_path(config, "freeze_matrix_report")
+    environment = (config.getoption("freeze_matrix_environment") or os.environ.get(ENVIRONMENT_VARIABLE)
+                   or str(config.getini("freeze_matrix_environment")).strip() or None)
+    return Options(
+        matrix=config.getoption("freeze_matrix"), select=",".join(config.getoption("freeze_matrix_select")),
+        timeout_s=timeout_s, world_size=world_size, spec_path=_ini_path(config, "freeze_matrix_spec"),
+        report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
+        report_dir_is_default=report_dir is None, environment=environment,
+        command=shlex.join(["pytest", *config.invocation_params.args]), rootdir=config.rootpath,
+    )
