@@ -1,6 +1,6 @@
 """How long the matrix takes, where each cell's time goes, and what the warm pool saves: a benchmark, not a test.
 
-    .nox/matrix-torch/bin/python benchmarks/bench_matrix.py --environment torch [--rounds 3] [--fresh-samples 5]
+    .nox/torch/bin/python benchmarks/bench_matrix.py --environment torch [--rounds 3] [--fresh-samples 5]
     python benchmarks/bench_matrix.py --from-report reports/matrix.json   # the phase table of a report
 
 Run it with the environment's own interpreter. For each round it runs the environment's whole slice

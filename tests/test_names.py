@@ -22,8 +22,9 @@ def test_clip_prefers_a_sentence_then_a_field_then_a_word():
     assert clip("short", 10) == "short"
     assert clip("One two three four. Five six seven eight nine", 30) == "One two three four. …"
     assert clip("alpha beta gamma delta; epsilon zeta eta theta", 30) == "alpha beta gamma delta …"
-    assert clip("One. Two three four five six seven eight nine", 30) == "One. Two three four five six …"  # too early
-    assert clip("alphabet soup with many words in it", 20) == "alphabet soup with …"
+    assert clip("One. Two three four five six seven eight nine", 30) == "One. Two three four five …"  # too early
+    assert clip("alphabet soup with many words in it", 20) == "alphabet soup …"
+    assert clip("a" * 40, 20) == "a" * 18 + "…"  # one token filling the room: nothing better to cut at
 
 
 def test_headline_keeps_only_the_first_paragraph():

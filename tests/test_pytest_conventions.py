@@ -20,7 +20,8 @@ ROOT = Path(__file__).parents[1]
 def test_header_names_what_decides_the_results(run_matrix):
     result, _ = run_matrix(SMALL, "--collect-only", "--freeze-matrix-timeout=30")
     result.stdout.fnmatch_lines([f"freeze-matrix: 3 cells, every environment, cpu/gloo, world size 2, timeout 30 s, "
-                                 f"spec {SPECS / 'small.toml'}", "freeze-matrix stacks: torch 2.*; frameworks: torch 2.*"])
+                                 f"spec {SPECS / 'small.toml'}",
+                                 "freeze-matrix stacks: torch 2.*; frameworks: torch 2.*"])
 
 
 def test_summary_is_aligned_and_names_all_three_report_files(run_matrix):
@@ -37,7 +38,7 @@ def test_summary_is_aligned_and_names_all_three_report_files(run_matrix):
 
 
 def test_ini_options_configure_the_matrix_and_the_command_line_wins(run_matrix, pytester: pytest.Pytester):
-    pytester.makeini(f"""
+    pytester.makeini("""
         [pytest]
         freeze_matrix_spec = specs/small.toml
         freeze_matrix_timeout = 45
@@ -100,7 +101,8 @@ def test_known_issues_explain_user_cells_by_what_they_predict(pytester: pytest.P
 
 def test_junitxml_gets_scalar_properties_a_dashboard_can_use(run_matrix, pytester: pytest.Pytester):
     run_matrix(SMALL, "--junitxml=junit.xml")
-    cases = {case.get("name").rsplit("/", 1)[-1]: case for case in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    junit = ET.parse(pytester.path / "junit.xml")
+    cases = {case.get("name").rsplit("/", 1)[-1]: case for case in junit.iter("testcase")}
     properties = {name: {p.get("name"): p.get("value") for p in case.iter("property")} for name, case in cases.items()}
     assert properties["unused-branch"]["status"] == "error"
     assert properties["unused-branch"]["repro"].startswith("pytest --freeze-matrix --freeze-matrix-select=")

@@ -30,13 +30,15 @@ def test_write_produces_json_and_markdown(tmp_path):
     assert not [p for p in out.iterdir() if p.name.startswith(".matrix")]  # no temp files left behind
 
 
-def test_markdown_marks_emulated_cells_and_groups_checkpoint_modes():
-    cells = [cell(status="pass"), cell(status="fail", emulation=True, check="grads", message="no grad")]
+def test_markdown_gives_each_checkpoint_mode_its_own_table():
+    cells = [cell(status="pass", emulation=True), cell(status="fail", emulation=True, check="grads", message="no grad")]
     cells[1]["id"], cells[1]["checkpoint"] = "tiny-gpt/torch/ddp/eager/reentrant/none", "reentrant"
     md = markdown.render(write.build(ENVS, cells))
-    assert "checkpoint: none · reentrant" in md
-    assert "| none | ✅❌ᴱ |" in md
-    assert "(check `grads`) — no grad" in md
+    assert "**checkpoint `none`** — 1 ✅\n\n| freeze | ddp |\n|---|---|\n| none | ✅ |\n" in md
+    assert ("<details><summary>checkpoint <code>reentrant</code> — 1 ❌</summary>\n\n| freeze | ddp |\n|---|---|\n"
+            "| none | ❌ |\n\n</details>") in md
+    assert "every plugin here ran on CPU behind a CUDA-on-CPU shim, so the grids do not mark it" in md
+    assert "- ❌ **fail** `grads` — 1 cell(s): plugin ddp · freeze none · checkpoint reentrant — no grad" in md
 
 
 def test_grid_places_cells_by_their_fields_not_their_ids():
@@ -162,3 +164,35 @@ def test_the_report_counts_cells_that_needed_a_rendezvous_retry():
     md = markdown.render(write.build(ENVS, cells))
     assert ("Rendezvous retries (harness): 1 cell(s) were rerun because joining their fresh process group hung: "
             "`tiny-gpt/torch/ddp/eager/none/embedding`.") in md
+
+
+def test_tables_follow_the_matrix_files_axis_order_and_append_what_it_does_not_list():
+    from pytest_freezecompat.report import grid
+
+    cells = [{"framework": fw, "model": "m", "init": "eager", "freeze": fr, "plugin": "p", "checkpoint": "none",
+              "status": "pass"} for fw in ("b", "a") for fr in ("z", "user-pattern", "y")]
+    report = {"environments": {"one": {"axes": {"framework": ["a", "b"], "freeze": ["y", "z"]}},
+                               "two": {"axes": {"framework": ["c", "a"]}}}, "cells": cells}
+    order = grid.axis_order(report)
+    assert order["framework"] == ["a", "b", "c"]
+    assert grid.distinct(cells, "freeze", order) == ("y", "z", "user-pattern")
+    assert [s.framework for s in grid.sections(cells, order)] == ["a", "b"]
+    assert grid.distinct(cells, "framework") == ("b", "a")  # no order known: as the cells come
+
+
+def test_run_metadata_names_plugin_commit_date_and_command(tmp_path):
+    import subprocess
+
+    from pytest_freezecompat.report import schema
+
+    assert schema.run_info("pytest --freeze-matrix", tmp_path)["commit"] is None  # not a checkout
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f").write_text("x")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "f"], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "m"],
+                   check=True)
+    info = schema.run_info("pytest --freeze-matrix", tmp_path)
+    assert len(info["commit"]) == 40 and info["command"] == "pytest --freeze-matrix"
+    assert info["date"].endswith("Z") and info["plugin"]
+    (tmp_path / "f").write_text("changed")
+    assert schema.run_info("", tmp_path)["commit"].endswith("-dirty")

@@ -55,23 +55,25 @@ def short_paths(text: str) -> str:
 
 #: A message's first paragraph is what a terminal line shows; the whole text stays in the JSON and the HTML.
 HEADLINE_CHARS = 500
-#: Boundaries, strongest first, and how far back (a share of the limit) each may cut.
-_BOUNDARIES = ((". ", 1 / 2), ("; ", 2 / 3), (": ", 2 / 3), (", ", 2 / 3), (" (", 2 / 3))
+#: Where a cut message may end, best first: a sentence, a step (`step 0: … | step 1: …`), a clause, a list item,
+#: a word.
+_BOUNDARIES = (". ", " | ", "; ", ", ", " ")
 
 
 def clip(text: str, limit: int) -> str:
-    """`text` cut to at most `limit` characters at a sentence or field boundary (else a word), marked with `…`."""
+    """`text` on one line and at most `limit` characters, cut where a sentence, step, clause or word ends, so a
+    message never stops mid-name (only a single token filling the room is cut inside); marked ` …`."""
+    text = " ".join(text.split())
     if len(text) <= limit:
         return text
-    head = text[:limit - 1]
-    for boundary, share in _BOUNDARIES:
-        at = head.rfind(boundary)
-        if at >= limit * share:
-            return head[:at + (1 if boundary.startswith(".") else 0)].rstrip() + " …"
-    return head.rsplit(" ", 1)[0].rstrip(",;:") + " …"
+    window = text[:limit - 2]
+    for boundary in _BOUNDARIES:
+        at = window.rfind(boundary)
+        if at >= limit // 3:  # not so early that most of the room is lost
+            return window[:at + (boundary == ". ")].rstrip(" ,;|") + " …"
+    return window + "…"  # one token longer than two thirds of the limit: nothing better to cut at
 
 
 def headline(text: str, limit: int = HEADLINE_CHARS) -> str:
     """An exception's message as one line: its first paragraph (torch wraps long hints over several lines), clipped."""
-    paragraph = " ".join((text.strip().split("\n\n") or [""])[0].split())
-    return clip(paragraph, limit)
+    return clip((text.strip().split("\n\n") or [""])[0], limit)

@@ -18,6 +18,12 @@ Cell = dict[str, Any]
 DISPLAY_STATUSES = (*STATUSES, "known", "fixed?")
 #: Why red cells are red (`verdict.cause`), counted apart: does freezing break this stack?
 CAUSES = ("freeze", "stack", "both", "harness")
+#: What each cause means, in the words both reports use.
+CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / non-optimized param or the optimizer "
+                        "set is wrong)",
+              "stack": "the stack fails the same way with nothing frozen",
+              "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
+              "harness": "our own harness (or a user's freeze_case function) raised: says nothing about the stack"}
 _KEY_FIELDS = ("framework", "model", "init", "freeze", "plugin", "checkpoint")
 
 

@@ -1,21 +1,28 @@
-"""`matrix.html`: the whole report as one self-contained page (CSS and JS from assets/ inlined, nothing fetched).
+"""`matrix.html`: the whole report as one self-contained page, rendered from `assets/report.html.j2`.
 
-The grids mirror `matrix.md` (per framework, model and init mode: rows are freeze patterns, columns
-plugins, the checkpoint modes side by side in each table cell), one coloured square per cell. The
-filters and the details panel run in the page; every cell's record travels as JSON in a
-`<script type="application/json">` block that the page reads with `JSON.parse` and writes into the
-DOM with `textContent` only, so nothing from a message, traceback or link can become markup.
+The grids are `grid.sections`, as `matrix.md`'s are (per framework: rows are freeze patterns, a column group
+per plugin with one labelled column per checkpoint mode), one coloured square per cell. CSS and JS are package
+files inlined into the page, so nothing is fetched. Jinja escapes every value written into markup; the cell
+records travel as JSON in a `<script type="application/json">` block that the page reads with `JSON.parse` and
+writes into the DOM with `textContent` only, so nothing from a message, traceback or link can become markup.
+
+The records are embedded compactly (`_Payload`), so the page grows linearly in cells: each distinct string
+(message, traceback line, repro piece) is stored once and referenced by index, records are positional rows,
+fields the details panel does not show are dropped, and long texts keep a bounded tail (matrix.json has all).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from html import escape
+import re
+from collections import Counter, defaultdict
 from importlib import resources
 from typing import Any
 
-from ..core.records import display_status
+import jinja2
+from markupsafe import Markup
+
+from ..core.records import FAILING, STATUSES, display_status
 from . import grid
 
 #: Raw status -> glyph. The glyph always shows the raw status; colour shows the display status.
@@ -23,148 +30,236 @@ GLYPHS = {"pass": "✓", "fail": "✗", "error": "!", "timeout": "◷", "crash":
 DISPLAY_HELP = {
     "pass": "every check held", "fail": "ran, a check failed", "error": "raised", "timeout": "hung",
     "crash": "a rank died", "skip": "not runnable here",
-    "known": "failed the way a known upstream issue says (xfail)",
-    "fixed?": "passed though a known issue expects it to fail (strict xpass: the entry may be stale)",
+    "known": "failed as a known upstream issue says (xfail)",
+    "fixed?": "passed though a known issue expects a failure (xpass: stale entry?)",
 }
+#: Bounds per embedded value, so one cell adds a bounded number of bytes however long its texts are.
+STRING_CHARS = 2000
+TAIL_LINES = 60
+TAIL_CHARS = 6000
+LIST_ITEMS = 60
+#: The notes section: the message shown per group, and how many of its cells are named.
+NOTE_CHARS = 240
+NOTE_IDS = 4
+#: Positional rows of the embedded records, by shape. Kinds: s string, v JSON value, S list of strings,
+#: t text (tail, by line), r command line (by argument), k known-issue entry, [x] list of shape x, x shape x.
+SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
+    "cell": (("id", "s"), ("model", "s"), ("framework", "s"), ("plugin", "s"), ("init", "s"), ("checkpoint", "s"),
+             ("freeze", "s"), ("environment", "s"), ("status", "s"), ("display", "s"), ("cause", "s"),
+             ("check", "s"), ("emulation", "v"), ("precision", "s"), ("world_size", "v"), ("duration_s", "v"),
+             ("grad_access", "s"), ("grad_norm_source", "s"), ("message", "s"), ("notes", "S"),
+             ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]")),
+    "failure": (("check", "s"), ("step", "v"), ("message", "s"), ("params", "S")),
+    "rank": (("rank", "v"), ("phase", "s"), ("error", "error"), ("exit", "s"), ("traceback", "t"), ("stack", "t"),
+             ("log_tail", "t"), ("emulated", "S")),
+    "error": (("type", "s"), ("message", "s"), ("where", "s"), ("phase", "s")),
+}
+_PIECES = {"t": re.compile(r"(?<=\n)"), "r": re.compile(r"(?<=[ ,])")}
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "assets"), autoescape=True, trim_blocks=True,
+                          lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 
 
-def _asset(name: str) -> str:
-    """Inlined into the page, so a report opened from disk or an artifact store fetches nothing."""
-    return (resources.files(__package__) / "assets" / name).read_text(encoding="utf-8")
+def _asset(name: str) -> Markup:
+    """Our own CSS/JS, inlined verbatim (not escaped), so a report opened from disk fetches nothing."""
+    return Markup((resources.files(__package__) / "assets" / name).read_text(encoding="utf-8"))
 
 
 def _css_class(display: str) -> str:
     return "d-fixed" if display == "fixed?" else f"d-{display}"
 
 
-def _json_for_script(value: Any) -> str:
+def _json_for_script(value: Any) -> Markup:
     """JSON that cannot end its <script> element or open markup inside it."""
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return Markup(text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e"))
 
 
-def _button(cell: dict[str, Any]) -> str:
+def _cut(text: str) -> str:
+    if len(text) <= STRING_CHARS:
+        return text
+    return text[:STRING_CHARS] + f"… [{len(text) - STRING_CHARS} more characters in matrix.json]"
+
+
+def _tail(text: str) -> str:
+    """A traceback or log ends with what broke: keep its last lines, and say where the rest is."""
+    tail = ""
+    for line in reversed(text.splitlines(keepends=True)[-TAIL_LINES:]):
+        if len(tail) + len(line) > TAIL_CHARS:
+            tail = tail or line[-TAIL_CHARS:]
+            break
+        tail = line + tail
+    if len(tail) == len(text):
+        return text
+    return f"[{len(text) - len(tail)} earlier characters left out here; matrix.json has the full text]\n{tail}"
+
+
+class _Payload:
+    """The page's data: every distinct string and text once, records as positional rows that refer to them."""
+
+    def __init__(self) -> None:
+        self.strings: dict[str, int] = {}
+        self.texts: dict[tuple[int, ...], int] = {}
+        self.issues: dict[str, int] = {}
+
+    def string(self, value: str) -> int:
+        return self.strings.setdefault(_cut(value), len(self.strings))
+
+    def text(self, value: str, kind: str) -> int:
+        pieces = tuple(self.string(p) for p in _PIECES[kind].split(_tail(value) if kind == "t" else value) if p)
+        return self.texts.setdefault(pieces, len(self.texts))
+
+    def issue(self, known: dict[str, Any]) -> int:
+        entry = {"id": known["id"], "summary": known.get("summary", ""), "links": _links(known),
+                 "expected": bool(known.get("expected")), "fixed": bool(known.get("fixed"))}
+        return self.issues.setdefault(json.dumps(entry, sort_keys=True), len(self.issues))
+
+    def value(self, value: Any, kind: str) -> Any:
+        if value is None or value is False or value in ("", [], {}):
+            return None  # a row's absent and empty fields read the same in the page
+        if kind == "s":
+            return self.string(str(value))
+        if kind == "S":
+            more = [f"… and {len(value) - LIST_ITEMS} more"] if len(value) > LIST_ITEMS else []
+            return [self.string(str(v)) for v in [*value[:LIST_ITEMS], *more]]
+        if kind in _PIECES:
+            return self.text(str(value), kind)
+        if kind == "k":
+            return self.issue(value)
+        if kind.startswith("["):
+            return [self.row(item, kind[1:-1]) for item in value]
+        return value if kind == "v" else self.row(value, kind)
+
+    def row(self, record: dict[str, Any], shape: str) -> list[Any]:
+        row = [self.value(record.get(name), kind) for name, kind in SHAPES[shape]]
+        while row and row[-1] is None:
+            row.pop()
+        return row
+
+    def encode(self, cells: list[dict[str, Any]], plugins: tuple[str, ...]) -> dict[str, Any]:
+        """`plugins`: the page's plugin columns, by the index their `data-p` attribute holds."""
+        rows = [self.row({**cell, "display": display_status(cell)}, "cell") for cell in cells]
+        return {"shapes": SHAPES, "strings": list(self.strings), "texts": [list(t) for t in self.texts],
+                "issues": [json.loads(i) for i in self.issues], "plugins": plugins, "cells": rows}
+
+
+def _links(known: dict[str, Any]) -> list[str]:
+    return list(known.get("links") or ([known["link"]] if known.get("link") else []))
+
+
+def _emulated(cells: list[dict[str, Any]]) -> bool:
+    """Every cell that ran, ran under the CUDA-on-CPU shim (a skip ran nothing): say it once, not per square."""
+    ran = [c for c in cells if c["status"] != "skip"]
+    return bool(ran) and all(c.get("emulation") for c in ran)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
+
+
+def _square(cell: dict[str, Any], index: int, mark_emulation: bool) -> dict[str, Any]:
     display = display_status(cell)
-    classes = f"cell {_css_class(display)}" + (" emu" if cell.get("emulation") else "")
-    title = f"{cell['id']}: {cell['status']}"
-    if cell.get("check"):
-        title += f" [{cell['check']}]"
-    if display != cell["status"]:
-        title += f" ({display}: {cell['known_issue']['id']})"
-    if cell.get("emulation"):
-        title += " · emulated"
-    if cell.get("cause"):
-        title += f" · cause: {cell['cause']}"
-    attrs = {"class": classes, "type": "button", "data-id": cell["id"], "data-framework": cell["framework"],
-             "data-plugin": cell["plugin"], "data-freeze": cell["freeze"], "data-status": cell["status"],
-             "data-display": display, "data-cause": cell.get("cause") or "", "title": title, "aria-label": title}
-    rendered = " ".join(f'{name}="{escape(str(value), quote=True)}"' for name, value in attrs.items())
-    return f"<button {rendered}>{escape(GLYPHS[cell['status']])}</button>"
+    return {"i": index, "css": _css_class(display) + (" emu" if mark_emulation and cell.get("emulation") else ""),
+            "display": display, "cause": cell.get("cause") or "", "glyph": GLYPHS[cell["status"]]}
 
 
-def _absent(checkpoint: str) -> str:
-    return f'<span class="absent" title="{escape(checkpoint)}: not in the matrix">·</span>'
+def _section(section: grid.Section, index: dict[str, int], plugin_index: dict[str, int]) -> dict[str, Any]:
+    """The template's view of one framework: its column groups, and each slot as a square or a gap."""
+    cells = [c for block in section.blocks for row in block.rows for col in row.columns for c in col.slots if c]
+    everywhere = _emulated(cells)
+    columns = {p: not everywhere and _emulated([c for c in cells if c["plugin"] == p]) for p in section.plugins}
+    blocks = [{"model": block.model, "init": block.init, "rows": [
+        {"freeze": row.freeze, "slots": [
+            {"p": plugin_index[col.plugin], "first": k == 0,
+             "square": cell and _square(cell, index[cell["id"]], not everywhere and not columns[col.plugin])}
+            for col in row.columns for k, cell in enumerate(col.slots)]}
+        for row in block.rows]} for block in section.blocks]
+    return {"name": section.framework, "id": f"framework-{_slug(section.framework)}", "cells": section.cells,
+            "emulated": everywhere, "checkpoints": section.checkpoints, "access": section.grad_access,
+            "plugins": [{"name": p, "p": plugin_index[p], "emulated": columns[p]} for p in section.plugins],
+            "blocks": blocks, "counts": section.counts, "causes": section.causes}
 
 
-def _grid(section: grid.Section) -> list[str]:
-    out: list[str] = []
-    for block in section.blocks:
-        out.append(f'<div class="block"><h3>{escape(block.model)}, init <code>{escape(block.init)}</code> — '
-                   f'checkpoint: {escape(" · ".join(section.checkpoints))}</h3><table class="grid"><thead><tr>'
-                   "<th>freeze</th>")
-        out += [f'<th data-plugin="{escape(p, quote=True)}">{escape(p)}</th>' for p in section.plugins]
-        out.append("</tr></thead><tbody>")
-        for row in block.rows:
-            out.append(f'<tr data-freeze="{escape(row.freeze, quote=True)}"><th>{escape(row.freeze)}</th>')
-            for column in row.columns:
-                squares = "".join(_absent(ck) if cell is None else _button(cell)
-                                  for ck, cell in zip(section.checkpoints, column.slots))
-                out.append(f'<td data-plugin="{escape(column.plugin, quote=True)}">{squares}</td>')
-            out.append("</tr>")
-        out.append("</tbody></table></div>")
-    return out
+def _known_issues(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each registry entry that matched cells, in first-matched order, with its cells by display status."""
+    entries: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        known = cell.get("known_issue") or {}
+        if known.get("id"):
+            entry = entries.setdefault(known["id"], {"id": known["id"], "summary": known.get("summary", ""),
+                                                     "links": _links(known), "counts": Counter()})
+            entry["counts"][display_status(cell)] += 1
+    return [{**e, "cells": e["counts"].total(), "known": e["counts"]["known"], "fixed": e["counts"]["fixed?"],
+             "other": ", ".join(f"{n} {s}" for s, n in e["counts"].items() if s not in ("known", "fixed?"))}
+            for e in entries.values()]
 
 
-def _access(access: tuple[grid.GradAccess, ...]) -> list[str]:
-    """Where a user reads a full grad and the clip norm, per plugin
-    (sharded stacks hide it: ZeRO in its optimizer, Gemini in chunks)."""
-    if not access:
-        return []
-    rows = [f'<tr data-plugin="{escape(a.plugin, quote=True)}"><td>{escape(a.plugin)}</td><td><code>'
-            f"{escape(a.grad)}</code></td><td>{escape(a.norm)}</td></tr>" for a in access]
-    return ['<table class="access"><thead><tr><th>plugin</th><th>full grad of a trainable param</th>'
-            "<th>clip norm</th></tr></thead><tbody>", *rows, "</tbody></table>"]
+def _notes(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Red cells no known issue explains, and `fixed?` ones, grouped by how they failed (as matrix.md groups)."""
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for cell in cells:
+        display = display_status(cell)
+        if display in FAILING or display == "fixed?":
+            message = cell.get("message") or "; ".join(cell.get("notes") or [])
+            message = message if len(message) <= NOTE_CHARS else message[:NOTE_CHARS] + "…"
+            groups[(display, cell.get("check") or "", cell.get("cause") or "", message)].append(cell)
+    order = [*STATUSES, "fixed?"]
+    return [{"display": display, "css": _css_class(display), "check": check, "cause": cause, "message": message,
+             "count": len(members), "ids": [m["id"] for m in members[:NOTE_IDS]], "more": len(members) - NOTE_IDS}
+            for (display, check, cause, message), members in sorted(
+                groups.items(), key=lambda g: (order.index(g[0][0]), -len(g[1]), g[0][1:]))]
 
 
-def _environments(report: dict[str, Any]) -> list[str]:
-    rows = []
-    for name, info in sorted(report["environments"].items()):
-        frameworks = ", ".join(f"{k} {v}" for k, v in sorted((info.get("frameworks") or {}).items()))
-        rows.append(f"<tr><td>{escape(name)}</td><td>{escape(str(info.get('python', '?')))}</td>"
-                    f"<td>{escape(str(info.get('torch', '?')))}</td><td>{escape(frameworks)}</td>"
-                    f"<td>{escape(str(info.get('device', '?')))} ({escape(str(info.get('backend', '?')))})</td></tr>")
-    return ["<table><thead><tr><th>environment</th><th>python</th><th>torch</th><th>frameworks</th><th>device</th>"
-            "</tr></thead><tbody>", *rows, "</tbody></table>"]
+def _one_or_many(values: list[str]) -> str:
+    distinct = list(dict.fromkeys(v for v in values if v))
+    return ", ".join(distinct) if distinct else "not recorded"
 
 
-def _counts(sections: list[grid.Section]) -> list[str]:
-    """Raw statuses per framework, then how many of them the known-issue registry explains or flags."""
-    head = "".join(f'<th><span class="swatch {_css_class(s)}"></span> {escape(s)}</th>'
-                   for s in grid.DISPLAY_STATUSES) + "".join(f"<th>red: {c}</th>" for c in grid.CAUSES)
-    rows = [f"<tr><td>{escape(section.framework)}</td>"
-            + "".join(f"<td>{section.counts[s]}</td>" for s in grid.DISPLAY_STATUSES)
-            + "".join(f"<td>{section.causes[c]}</td>" for c in grid.CAUSES)
-            + f"<td>{section.cells}</td></tr>" for section in sections]
-    return [f'<table class="counts"><thead><tr><th>framework</th>{head}<th>cells</th></tr></thead><tbody>', *rows,
-            "</tbody></table>"]
+def _run(environments: dict[str, Any]) -> dict[str, Any]:
+    """The header's run line: each value once when the environments agree; `recorded` is False for older reports."""
+    runs = [info.get("run") or {} for info in environments.values()]
+    dates = sorted(r["date"] for r in runs if r.get("date"))
+    span = " … ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else "not recorded"
+    return {"recorded": any(runs), "date": span, "commit": _one_or_many([r.get("commit") or "" for r in runs]),
+            "plugin": _one_or_many([r.get("plugin") or "" for r in runs])}
 
 
-def _select(axis: str, values: Iterable[str]) -> str:
-    options = "".join(f'<option value="{escape(v, quote=True)}">{escape(v)}</option>' for v in values)
-    return (f'<label>{escape(axis)} <select id="filter-{axis}" data-axis="{axis}"><option value="">all</option>'
-            f"{options}</select></label>")
-
-
-def _legend() -> str:
-    items = "".join(f'<span><span class="swatch {_css_class(s)}">{escape(GLYPHS.get(s, ""))}</span>'
-                    f"{escape(s)}: {escape(DISPLAY_HELP[s])}</span>" for s in grid.DISPLAY_STATUSES)
-    return (f'<div class="legend">{items}<span><span class="swatch d-pass emu">✓</span>E: ran its real logic on '
-            "CPU behind a CUDA-on-CPU shim (emulation)</span><span>The glyph is the raw status; a "
-            "<code>known</code> square shows ✗ or ! on amber. Cause (filter above): <em>freeze</em>, the cell "
-            "fails where its nothing-frozen control passes, or on a frozen param; <em>stack</em>, the control "
-            "fails the same way; "
-            "<em>both</em>; <em>harness</em>, our own code (or a user's freeze_case function) raised. "
-            "Click a square for its details.</span></div>")
+def _environments(environments: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per environment: the versions that decide its results, and the run that made its cells (or `-`)."""
+    views = []
+    for name, info in sorted(environments.items()):
+        frameworks = info.get("frameworks") or {}
+        torch = info.get("torch") or "?"
+        versions = [f"{k} {v}" for k, v in sorted(frameworks.items())]
+        views.append({
+            "name": name, "python": info.get("python", "?"), "torch": torch, "frameworks": ", ".join(versions),
+            "versions": " · ".join([*versions, *([] if "torch" in frameworks else [f"torch {torch}"]),
+                                    f"python {info.get('python', '?')}"]),
+            "device": f"{info.get('device', '?')} ({info.get('backend', '?')})",
+            **{k: (info.get("run") or {}).get(k) or "-" for k in ("plugin", "commit", "date", "command")}})
+    return views
 
 
 def render(report: dict[str, Any]) -> str:
+    """The page for `report` (matrix.json's content), self-contained and linear in size in its cells."""
     cells = report["cells"]
-    sections = grid.sections(cells, grid.axis_order(report))
-    statuses = [s for s in grid.DISPLAY_STATUSES if any(s in section.counts for section in sections)]
-    filters = [_select("framework", [section.framework for section in sections]),
-               _select("plugin", grid.distinct(cells, "plugin")), _select("freeze", grid.distinct(cells, "freeze")),
-               _select("status", statuses),
-               _select("cause", [c for c in grid.CAUSES if any(section.causes[c] for section in sections)])]
-    grids: list[str] = []
-    for section in sections:
-        grids += [f'<section class="framework" data-framework="{escape(section.framework, quote=True)}">'
-                  f"<h2>{escape(section.framework)}</h2>", *_grid(section), *_access(section.grad_access), "</section>"]
-    payload = {c["id"]: {**c, "display": display_status(c)} for c in cells}
-    return "\n".join([
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>Freeze compatibility matrix</title><style>\n{_asset('report.css')}</style></head><body>",
-        "<header><h1>Freeze compatibility matrix</h1><p class=\"lead\">Does partial freezing "
-        "(<code>requires_grad=False</code>, or params left out of the optimizer) train correctly under each "
-        "distributed stack? Every cell is a real multi-rank run checked against a single-process reference "
-        "(requires_grad flags, optimizer-tracked params, grads, clip norm, updates).</p></header>",
-        '<div class="sticky" id="filters">', *filters, '<span id="shown"></span></div>', _legend(),
-        "<main><h2>Environments</h2>", *_environments(report), "<h2>Summary</h2>", *_counts(sections),
-        f"<p>Rendezvous retries (harness): {len(grid.rendezvous_retried(cells))} cell(s) were rerun because "
-        "joining their fresh process group hung.</p>", *grids,
-        "</main>",
-        '<aside id="details" hidden><button id="close" type="button" aria-label="close">×</button>'
-        '<div id="details-body"></div></aside>',
-        f'<script type="application/json" id="cell-data">{_json_for_script(payload)}</script>',
-        f"<script>\n{_asset('report.js')}</script></body></html>",
-    ]) + "\n"
+    order = grid.axis_order(report)
+    sections = grid.sections(cells, order)
+    plugins = grid.distinct(cells, "plugin", order)
+    plugin_index = {p: k for k, p in enumerate(plugins)}
+    index = {cell["id"]: k for k, cell in enumerate(cells)}
+    present = [s for s in grid.DISPLAY_STATUSES if any(s in section.counts for section in sections)]
+    filters = {"framework": [s.framework for s in sections], "plugin": plugins,
+               "freeze": grid.distinct(cells, "freeze", order), "status": present,
+               "cause": [c for c in grid.CAUSES if any(s.causes[c] for s in sections)]}
+    views = [_section(section, index, plugin_index) for section in sections]
+    ids = Counter(view["id"] for view in views)
+    for k, view in enumerate(views):  # frameworks whose names slug alike still get their own anchor
+        view["id"] += f"-{k}" if ids[view["id"]] > 1 else ""
+    totals = {"counts": sum((s.counts for s in sections), Counter()),
+              "causes": sum((s.causes for s in sections), Counter()), "cells": len(cells)}
+    return _ENV.get_template("report.html.j2").render(
+        css=_asset("report.css"), js=_asset("report.js"), data=_json_for_script(_Payload().encode(cells, plugins)),
+        run=_run(report["environments"]), environments=_environments(report["environments"]), filters=filters,
+        sections=views, totals=totals, statuses=grid.DISPLAY_STATUSES, causes=grid.CAUSES, glyphs=GLYPHS,
+        display_help=DISPLAY_HELP, cause_help=grid.CAUSE_HELP, css_class=_css_class,
+        known_issues=_known_issues(cells), notes=_notes(cells), retried=len(grid.rendezvous_retried(cells)))

@@ -1,18 +1,25 @@
-"""`matrix.md`: one table per framework, model and init mode that reads well on GitHub.
+"""`matrix.md`: the report as a reader on GitHub takes it in, top down.
 
-Rows are freeze patterns, columns plugins; each table cell shows the checkpoint modes
-side by side, so 300 cells of a framework fit in a few screens. Notes below group
-cells that failed the same way.
+First a summary per framework (counts, what works, what breaks, which upstream issues explain the rest, and
+the versions and run behind it), then narrow grids: one per model, init and checkpoint mode, one mark per
+table cell, the first checkpoint mode open and the others folded. Then notes for the cells a reader must look
+into (red with no known issue, `fixed?`, skipped) and the known issues. Cells are placed by `grid`, the model
+`matrix.html` draws too, so the two cannot disagree on where a cell is.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
+from html import escape
 from typing import Any
 
-from ..core.records import STATUSES, display_status
+from ..core.names import clip
+from ..core.records import FAILING, STATUSES, display_status
 from . import grid
 
+Cell = grid.Cell
 SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱️", "crash": "☠️", "skip": "⏭️"}
 EMULATION_MARK = "ᴱ"
 #: Beside the raw status symbol, which stays visible: a known upstream issue explains it / a known issue expected
@@ -20,144 +27,370 @@ EMULATION_MARK = "ᴱ"
 REGISTRY_MARKS = {"known": "ᴷ", "fixed?": "ᶠ"}
 #: Why a red cell is red, compared with its column's nothing-frozen control.
 CAUSE_MARKS = {"freeze": "❄", "stack": "ˢ", "both": "ᵇ", "harness": "ʰ"}
-CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / non-optimized param or the optimizer "
-                        "set is wrong)",
-              "stack": "the stack fails the same way with nothing frozen",
-              "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
-              "harness": "our own harness (or a user's freeze_case function) raised: says nothing about the stack"}
+_CAUSE_SHORT = {"freeze": "freezing", "stack": "the stack (red with nothing frozen too)", "both": "both",
+                "harness": "our harness or a user's freeze_case raised (says nothing about the stack)"}
 ABSENT = "·"
+#: A note's message is cut at a sentence or field boundary before this many characters.
 MESSAGE_CHARS = 300
+#: Widest table line: GitHub scrolls wider tables sideways. Plugin names that do not fit become letters.
+TABLE_WIDTH = 120
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+#: A cell's part in the summaries; `red` is a red cell no known issue explains.
+_KINDS = ("pass", "fixed?", "known", "red", "skip")
 
 
-def _legend() -> str:
-    items = " · ".join(f"{symbol} {status}" for status, symbol in SYMBOLS.items())
-    return (f"Legend: {items} · {EMULATION_MARK} ran its real logic on CPU behind a CUDA-on-CPU shim (emulation) · "
-            f"{REGISTRY_MARKS['known']} `known`: fails the way a known upstream issue says (listed under Known "
-            f"issues; an xfail in pytest) · {REGISTRY_MARKS['fixed?']} `fixed?`: passed though a known issue expects "
-            f"it to fail (a strict xpass: the entry may be stale) · "
-            + " · ".join(f"{CAUSE_MARKS[c]} {CAUSE_HELP[c]}" for c in grid.CAUSES)
-            + f" · {ABSENT} not in the matrix. Each table cell "
-            "lists the checkpoint modes in the order given above the table.")
-
-
-def _environments(report: dict[str, Any]) -> list[str]:
-    lines = ["| environment | python | torch | frameworks | device |", "|---|---|---|---|---|"]
-    for name, info in sorted(report["environments"].items()):
-        frameworks = ", ".join(f"{k} {v}" for k, v in sorted(info.get("frameworks", {}).items()))
-        lines.append(f"| {name} | {info.get('python', '?')} | {info.get('torch', '?')} | {frameworks} | "
-                     f"{info.get('device', '?')} ({info.get('backend', '?')}) |")
-    return lines
-
-
-def _summary(sections: list[grid.Section]) -> list[str]:
-    causes = [f"red: {c} {CAUSE_MARKS[c]}" for c in grid.CAUSES]
-    header = "| framework | " + " | ".join([*grid.DISPLAY_STATUSES, *causes]) + " | cells |"
-    lines = [header, "|---" * (len(grid.DISPLAY_STATUSES) + len(causes) + 2) + "|"]
-    for section in sections:
-        lines.append(f"| {section.framework} | " + " | ".join(
-            [*(str(section.counts[s]) for s in grid.DISPLAY_STATUSES), *(str(section.causes[c]) for c in grid.CAUSES)])
-            + f" | {section.cells} |")
-    return lines
-
-
-def _symbol(cell: dict[str, Any] | None) -> str:
-    if cell is None:
-        return ABSENT
-    return (SYMBOLS[cell["status"]] + CAUSE_MARKS.get(cell.get("cause") or "", "")
-            + REGISTRY_MARKS.get(display_status(cell), "") + (EMULATION_MARK if cell.get("emulation") else ""))
-
-
-def _tables(sections: list[grid.Section]) -> list[str]:
-    lines: list[str] = []
-    for section in sections:
-        lines += ["", f"## {section.framework}"]
-        for block in section.blocks:
-            lines += ["", f"### {block.model}, init `{block.init}` — checkpoint: {' · '.join(section.checkpoints)}",
-                      "", "| freeze | " + " | ".join(section.plugins) + " |",
-                      "|---" * (len(section.plugins) + 1) + "|"]
-            lines += [f"| {row.freeze} | " + " | ".join("".join(map(_symbol, column.slots)) for column in row.columns)
-                      + " |" for row in block.rows]
-        lines += ["", _access_table(section.grad_access)]
-    return lines
-
-
-def _access_table(access: tuple[grid.GradAccess, ...]) -> str:
-    """Where a user reads full grads and the clip norm, per plugin
-    (sharded stacks hide it: ZeRO in its optimizer, Gemini in chunks)."""
-    if not access:
-        return ""
-    rows = ["| plugin | full grad of a trainable param | clip norm |", "|---|---|---|"]
-    rows += [f"| {a.plugin} | `{a.grad}` | {a.norm} |" for a in access]
-    return "\n".join(rows)
+def _kind(cell: Cell) -> str:
+    shown = display_status(cell)
+    return "red" if shown in FAILING else shown
 
 
 def _inline(text: str) -> str:
-    """Message text that stays text in a GitHub list item or table: no raw HTML, no column breaks."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    """Text that stays text in a GitHub list item or table: no raw HTML, no column breaks, one line."""
+    return " ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
-def _known_label(cell: dict[str, Any]) -> str:
-    """`known: [id](link)` / `fixed?: [id](link)` / `[id](link)` (a skip tied to an entry), or ''."""
-    known = cell.get("known_issue") or {}
-    if not known.get("link"):
+def _names(values: Iterable[str]) -> str:
+    return ", ".join(f"`{_inline(v)}`" for v in values)
+
+
+def _anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def _mark(cell: Cell | None) -> str:
+    """One mark per table cell: the raw status, why it is red, and the registry's word on it."""
+    if cell is None:
+        return ABSENT
+    return SYMBOLS[cell["status"]] + CAUSE_MARKS.get(cell.get("cause") or "", "") + REGISTRY_MARKS.get(
+        display_status(cell), "")
+
+
+def _tally(cells: list[Cell]) -> str:
+    """`40 ✅ · 3 ❌ · 8 ᴷ · 6 ⏭️`: passes, unexplained red by raw status, known, skipped."""
+    counts = Counter(_kind(c) for c in cells)
+    red = Counter(c["status"] for c in cells if _kind(c) == "red")
+    parts = [(counts["pass"], SYMBOLS["pass"]), (counts["fixed?"], SYMBOLS["pass"] + REGISTRY_MARKS["fixed?"]),
+             *((red[s], SYMBOLS[s]) for s in FAILING), (counts["known"], REGISTRY_MARKS["known"]),
+             (counts["skip"], SYMBOLS["skip"])]
+    return " · ".join(f"{n} {symbol}" for n, symbol in parts if n)
+
+
+def _cells(section: grid.Section) -> list[Cell]:
+    return [cell for block in section.blocks for row in block.rows for column in row.columns
+            for cell in column.slots if cell is not None]
+
+
+def _legend() -> str:
+    statuses = " · ".join(f"{symbol} {status}" for status, symbol in SYMBOLS.items())
+    causes = " · ".join(f"{CAUSE_MARKS[c]} {_CAUSE_SHORT[c]}" for c in grid.CAUSES)
+    return (f"**Legend** — {statuses} · {ABSENT} not in the matrix; red is fail, error, timeout or crash. After a "
+            f"red mark, why, against its column's nothing-frozen control: {causes}. {REGISTRY_MARKS['known']} a "
+            f"known upstream issue explains it (an xfail) · {REGISTRY_MARKS['fixed?']} passed though a known issue "
+            f"expects it to fail (the entry may be stale). {EMULATION_MARK} on a plugin: it ran on CPU behind a "
+            "CUDA-on-CPU shim (emulation).")
+
+
+def _counts(sections: list[grid.Section]) -> list[str]:
+    """Raw statuses per framework, then the registry's verdicts on some of them and the causes of red cells."""
+    causes = [CAUSE_MARKS[c] for c in grid.CAUSES]
+    lines = ["| framework | " + " | ".join([*grid.DISPLAY_STATUSES, *causes]) + " | cells |",
+             "|---" * (len(grid.DISPLAY_STATUSES) + len(causes) + 2) + "|"]
+    for section in sections:
+        lines.append(f"| {_inline(section.framework)} | " + " | ".join(
+            [*(str(section.counts[s]) for s in grid.DISPLAY_STATUSES), *(str(section.causes[c]) for c in grid.CAUSES)])
+            + f" | {section.cells} |")
+    return [*lines, "", "Raw statuses; `known` / `fixed?`: how many of them the known-issue registry explains / flags; "
+                        + ", ".join(f"{CAUSE_MARKS[c]} {c}" for c in grid.CAUSES) + ": red cells by cause, known ones "
+                        "included."]
+
+
+def _retries(cells: list[Cell]) -> str:
+    retried = grid.rendezvous_retried(cells)
+    shown = ", ".join(f"`{i}`" for i in retried[:6]) + (f" and {len(retried) - 6} more" if len(retried) > 6 else "")
+    return (f"Rendezvous retries (harness): {len(retried)} cell(s) were rerun because joining their fresh process "
+            f"group hung{': ' + shown if retried else ''}.")
+
+
+def _environment(name: str, info: dict[str, Any]) -> str:
+    """Versions that decide the results, then who ran them, when and how (when the report records it)."""
+    if not info:
+        return f"Environment `{_inline(name)}`: not described in the report"
+    versions = dict.fromkeys([*(f"{k} {v}" for k, v in sorted((info.get("frameworks") or {}).items())),
+                              f"torch {info.get('torch') or '?'}", f"python {info.get('python', '?')}",
+                              f"{info.get('device', '?')} ({info.get('backend', '?')})"])
+    run = info.get("run") or {}
+    facts = [f"run {run['date']}" if run.get("date") else "", f"commit `{run['commit']}`" if run.get("commit") else "",
+             f"pytest-freezecompat {run['plugin']}" if run.get("plugin") else "",
+             f"`{_inline(run['command'])}`" if run.get("command") else ""]
+    return f"Environment `{_inline(name)}`: " + " · ".join([*map(_inline, versions), *filter(None, facts)])
+
+
+def _emulated(section: grid.Section) -> tuple[set[str], bool]:
+    """Plugins whose cells ran behind the shim, and whether that is every plugin that ran (then said once)."""
+    ran = [c for c in _cells(section) if c["status"] != "skip"]
+    plugins = {c["plugin"] for c in ran if c.get("emulation")}
+    return plugins, bool(plugins) and plugins == {c["plugin"] for c in ran}
+
+
+def _emulation(section: grid.Section) -> str:
+    """Said once per framework; where the shim engaged in only some of a plugin's cells, in how many."""
+    plugins, everywhere = _emulated(section)
+    ran = [c for c in _cells(section) if c["status"] != "skip"]
+
+    def share(plugin: str | None) -> str:
+        mine = [c for c in ran if plugin in (None, c["plugin"])]
+        engaged = sum(bool(c.get("emulation")) for c in mine)
+        return "" if engaged == len(mine) else f" ({engaged}/{len(mine)})"
+
+    if not plugins:
         return ""
-    shown = display_status(cell)
-    prefix = f"{shown}: " if shown in REGISTRY_MARKS else ""
-    return f"{prefix}[{known['id']}]({known['link']})"
+    shown = f"every plugin here{share(None)}" if everywhere else ", ".join(
+        f"`{_inline(p)}`{share(p)}" for p in section.plugins if p in plugins)
+    counted = any(map(share, [None, *plugins]))
+    return (f"{EMULATION_MARK} **Emulation**: {shown} ran on CPU behind a CUDA-on-CPU shim"
+            + (" (n/m: it engaged in n of the m cells that ran)" if counted else "")
+            + (", so the grids do not mark it." if everywhere else f"; the grids mark these plugins {EMULATION_MARK}."))
 
 
-def _notes(cells: list[dict[str, Any]]) -> list[str]:
-    groups: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
-    for cell in cells:
-        if cell["status"] != "pass" or cell.get("notes") or cell.get("known_issue"):
-            message = cell.get("message") or "; ".join(cell.get("notes", [])) or ""
-            if len(message) > MESSAGE_CHARS:
-                message = message[:MESSAGE_CHARS] + "…"
-            groups[(cell["status"], cell.get("check") or "", _known_label(cell), message)].append(cell["id"])
-    lines = ["", "## Notes", ""]
-    for (status, check, known, message), ids in sorted(groups.items(),
-                                                        key=lambda g: (STATUSES.index(g[0][0]), g[0][1:])):
-        what = f"**{status}**" + (f" (check `{check}`)" if check else "") + (f" ({known})" if known else "")
-        shown = ", ".join(f"`{i}`" for i in ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
-        text = f" — {_inline(message)}" if message else ""
-        lines.append(f"- {SYMBOLS[status]} {what}{text} — {len(ids)} cell(s): {shown}")
+def _links(known: dict[str, Any]) -> str:
+    """`[pytorch#91167](…) · [lazy_init.md](…)`: each upstream thread by a name a reader recognizes."""
+    labels = []
+    for link in known.get("links") or ([known["link"]] if known.get("link") else []):
+        thread = re.match(r"https?://github\.com/[^/]+/([^/]+)/(?:issues|pull)/(\d+)", link)
+        label = f"{thread[1]}#{thread[2]}" if thread else link.rstrip("/").rsplit("/", 1)[-1]
+        labels.append(f"[{_inline(label)}]({link})")
+    return " · ".join(labels)
+
+
+def _known(known: dict[str, Any]) -> str:
+    """`[id](first link)`, or the bare id where the entry has no link."""
+    return f"[{_inline(known['id'])}]({known['link']})" if known.get("link") else f"`{_inline(known['id'])}`"
+
+
+def _plugin_table(section: grid.Section, cells: list[Cell], marked: set[str]) -> list[str]:
+    """Per plugin: how its cells ended. Every cell is in exactly one column, so a row adds up to `cells`."""
+    kinds = [k for k in _KINDS if k != "fixed?" or any(_kind(c) == k for c in cells)]
+    heads = {"pass": "✅ pass", "fixed?": "✅ᶠ fixed?", "known": "ᴷ known", "red": "red", "skip": "⏭️ skip"}
+    lines = ["| plugin | cells | " + " | ".join(heads[k] for k in kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
+    for plugin in section.plugins:
+        counts = Counter(_kind(c) for c in cells if c["plugin"] == plugin)
+        lines.append(f"| {_inline(plugin)}{EMULATION_MARK if plugin in marked else ''} | {counts.total()} | "
+                     + " | ".join(str(counts[k]) for k in kinds) + " |")
     return lines
 
 
-def _retries(cells: list[dict[str, Any]]) -> list[str]:
-    retried = grid.rendezvous_retried(cells)
-    shown = ", ".join(f"`{i}`" for i in retried[:6]) + (f" and {len(retried) - 6} more" if len(retried) > 6 else "")
-    return ["", f"Rendezvous retries (harness): {len(retried)} cell(s) were rerun because joining their fresh "
-                f"process group hung{': ' + shown if retried else ''}."]
+def _works_and_breaks(section: grid.Section, cells: list[Cell]) -> list[str]:
+    """What a user deciding on a stack asks: which freeze patterns are safe, which break with no known reason."""
+    freezes = tuple(dict.fromkeys(row.freeze for block in section.blocks for row in block.rows))
+    ran = [c for c in cells if c["status"] != "skip"]
+    green = [f for f in freezes if (mine := [c for c in ran if c["freeze"] == f]) and
+             all(c["status"] == "pass" for c in mine)]
+    clean = [p for p in section.plugins if any(c["plugin"] == p for c in ran)
+             and not any(c["plugin"] == p and _kind(c) == "red" for c in cells)]
+    works = [f"every cell that ran passed for freeze {_names(green)}" if green else "",
+             f"no red cell outside known issues under {_names(clean)}" if clean else ""]
+    lines = [f"- ✅ **Works**: {'; '.join(filter(None, works)) or 'no freeze pattern and no plugin is free of red'}."]
+    red = [c for c in cells if _kind(c) == "red"]
+    if not red:
+        return [*lines, "- ❌ **Breaks**: nothing outside known issues."]
+    lines.append("- ❌ **Breaks**, with no known issue to explain it:")
+    for freeze in freezes:
+        mine = [c for c in red if c["freeze"] == freeze]
+        if mine:
+            causes = "".join(CAUSE_MARKS[c] for c in grid.CAUSES if any(m.get("cause") == c for m in mine))
+            plugins = [p for p in section.plugins if any(m["plugin"] == p for m in mine)]
+            total = sum(c["freeze"] == freeze for c in cells)
+            lines.append(f"  - `{_inline(freeze)}`{' ' * bool(causes)}{causes} — {len(mine)} of {total} cells, under "
+                         f"{_names(plugins)}")
+    return lines
 
 
-def _known_issues(cells: list[dict[str, Any]]) -> list[str]:
-    """Each registry entry the report touches: its links, what the thread says, and its cells by display status."""
-    entries: dict[str, dict[str, Any]] = {}
-    counts: dict[str, Counter] = defaultdict(Counter)
+def _issues(cells: list[Cell]) -> dict[str, tuple[dict[str, Any], list[Cell]]]:
+    """Registry entries by id, in first-seen order, with the cells each is tied to."""
+    entries: dict[str, tuple[dict[str, Any], list[Cell]]] = {}
     for cell in cells:
         known = cell.get("known_issue") or {}
-        if known.get("link"):
-            entries.setdefault(known["id"], known)
-            counts[known["id"]][display_status(cell)] += 1
-    if not entries:
+        if known.get("id"):
+            entries.setdefault(known["id"], (known, []))[1].append(cell)
+    return entries
+
+
+def _issue_tally(cells: list[Cell]) -> str:
+    return ", ".join(f"{n} {shown}" for shown, n in sorted(Counter(map(display_status, cells)).items()))
+
+
+def _framework_summary(section: grid.Section, report: dict[str, Any]) -> list[str]:
+    """Versions and run, counts per plugin, what works and breaks, and the upstream threads behind `known`."""
+    cells = _cells(section)
+    marked, everywhere = _emulated(section)
+    lines = ["", f"### {section.framework}", "",
+             *(_environment(env, report["environments"].get(env) or {}) + "  "
+               for env in grid.distinct(cells, "environment")),
+             f"{section.cells} cells: {_tally(cells)}. [Grids](#{_anchor(section.framework + ' grids')}) · "
+             f"[notes](#{_anchor(section.framework + ' notes')})"]
+    if emulation := _emulation(section):
+        lines += ["", emulation]
+    lines += ["", *_plugin_table(section, cells, set() if everywhere else marked), "",
+              *_works_and_breaks(section, cells)]
+    issues = _issues(cells)
+    if issues:
+        lines.append(f"- {REGISTRY_MARKS['known']} **Known upstream issues** (see [Known issues](#known-issues)):")
+        for issue_id, (known, mine) in issues.items():
+            plugins = [p for p in section.plugins if any(c["plugin"] == p for c in mine)]
+            links = _links(known)
+            lines.append(f"  - **{_inline(issue_id)}** ({_issue_tally(mine)}) under {_names(plugins)}"
+                         + (f" — {links}" if links else ""))
+    return lines
+
+
+def _letter(index: int) -> str:
+    """A, B, …, Z, AA, AB, …: column labels for plugins whose names would make the grid too wide."""
+    label = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        label = chr(ord("A") + rest) + label
+    return label
+
+
+def _labels(section: grid.Section, marked: set[str]) -> tuple[dict[str, str], bool]:
+    """Column heads: the plugin names where the widest table fits TABLE_WIDTH, else letters (True: needs a key)."""
+    names = {p: _inline(p) + (EMULATION_MARK if p in marked else "") for p in section.plugins}
+    freeze = max((len(_inline(r.freeze)) for b in section.blocks for r in b.rows), default=0)
+    head = len("| freeze | " + " | ".join(names.values()) + " |")
+    if max(head, freeze + 4 + 7 * len(names)) <= TABLE_WIDTH:  # a mark: up to 4 characters (⏱️❄ᴷ)
+        return names, False
+    return {p: _letter(k) + (EMULATION_MARK if p in marked else "") for k, p in enumerate(section.plugins)}, True
+
+
+def _table(section: grid.Section, block: grid.Block, slot: int, labels: dict[str, str]) -> tuple[list[str], list[Cell]]:
+    """One checkpoint mode's grid of a block, without the rows and columns that have no cell in it."""
+    rows = [(row.freeze, [column.slots[slot] for column in row.columns]) for row in block.rows]
+    rows = [(freeze, slots) for freeze, slots in rows if any(slots)]
+    keep = [k for k in range(len(section.plugins)) if any(slots[k] for _, slots in rows)]
+    lines = ["| freeze | " + " | ".join(labels[section.plugins[k]] for k in keep) + " |",
+             "|---" * (len(keep) + 1) + "|"]
+    lines += [f"| {_inline(freeze)} | " + " | ".join(_mark(slots[k]) for k in keep) + " |" for freeze, slots in rows]
+    return lines, [cell for _, slots in rows for cell in slots if cell is not None]
+
+
+def _access(access: tuple[grid.GradAccess, ...]) -> list[str]:
+    """Where a user reads full grads and the clip norm, per plugin (sharded stacks hide it: ZeRO in its
+    optimizer, Gemini in chunks); plugins that share a way are listed together."""
+    if not access:
+        return []
+    ways: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for a in access:
+        ways[(a.grad, a.norm)].append(a.plugin)
+    return ["", "<details><summary>Where a user reads the full grad of a trainable param, and the clip norm"
+                "</summary>", "",
+            *(f"- {_names(plugins)}: `{_inline(grad)}`; clip norm: {_inline(norm)}"
+              for (grad, norm), plugins in ways.items()), "", "</details>"]
+
+
+def _grids(section: grid.Section) -> list[str]:
+    """Per model and init: the first checkpoint mode's table open, the others folded with their counts shown."""
+    marked, everywhere = _emulated(section)
+    labels, keyed = _labels(section, set() if everywhere else marked)
+    key = "Columns: " + " · ".join(f"**{labels[p]}** {_inline(p)}" for p in section.plugins) if keyed else ""
+    lines = ["", f"### {section.framework} grids"]
+    if everywhere:
+        lines += ["", f"Every plugin here ran behind the CUDA-on-CPU shim ({EMULATION_MARK}), so no cell is marked."]
+    for block in section.blocks:
+        lines += ["", f"#### {block.model} · init `{_inline(block.init)}`", *(["", key] if key else [])]
+        opened = False
+        for slot, checkpoint in enumerate(section.checkpoints):
+            table, cells = _table(section, block, slot, labels)
+            if not cells:
+                continue
+            if not opened:
+                lines += ["", f"**checkpoint `{_inline(checkpoint)}`** — {_tally(cells)}", "", *table]
+                opened = True
+            else:
+                lines += ["", f"<details><summary>checkpoint <code>{escape(checkpoint)}</code> — {_tally(cells)}"
+                              "</summary>", "", *table, "", "</details>"]
+    return lines + _access(section.grad_access)
+
+
+def _where(cells: list[Cell], section_cells: list[Cell]) -> str:
+    """`plugin a, b · freeze c · checkpoint reentrant`: model, init and checkpoint only where not all of them."""
+    parts = []
+    for field in ("plugin", "freeze", "model", "init", "checkpoint"):
+        values, every = grid.distinct(cells, field), grid.distinct(section_cells, field)
+        if len(values) < len(every):
+            parts.append(f"{field} {', '.join(map(_inline, values))}")
+        elif field in ("plugin", "freeze"):
+            parts.append(f"every {field}" if len(every) > 1 else f"{field} {_inline(every[0])}")
+    return " · ".join(parts)
+
+
+def _message(cell: Cell) -> str:
+    return cell.get("message") or "; ".join(cell.get("notes") or [])
+
+
+def _noted(cell: Cell) -> bool:
+    """What a reader must look into: red with no known issue (harness included), `fixed?`, skipped."""
+    return _kind(cell) in ("red", "fixed?", "skip")
+
+
+def _notes(section: grid.Section) -> list[str]:
+    """Cells that ended the same way (the same words; numbers may differ) as one item."""
+    cells = _cells(section)
+    groups: dict[tuple[str, ...], list[Cell]] = defaultdict(list)
+    for cell in filter(_noted, cells):
+        shown = display_status(cell)
+        known = "" if shown == "skip" else (cell.get("known_issue") or {}).get("id", "")  # a skip: why, once
+        groups[(shown, cell["status"], cell.get("check") or "", cell.get("cause") or "", known,
+                _NUMBER.sub("#", _message(cell)))].append(cell)
+    lines = ["", f"### {section.framework} notes", ""]
+    if not groups:
+        return [*lines, "Nothing to note: every cell passed or is explained by a known issue."]
+    order = [*(s for s in STATUSES if s != "skip"), "fixed?", "skip"]
+    for (shown, status, check, cause, _, _), members in sorted(
+            groups.items(), key=lambda g: (order.index(g[0][0]), -len(g[1]), g[0][2:])):
+        issues = ", ".join(_known(known) for known, _ in _issues(members).values())
+        what = (f"{SYMBOLS[status]}{CAUSE_MARKS.get(cause, '')}{REGISTRY_MARKS.get(shown, '')} **{shown}**"
+                + (f" `{_inline(check)}`" if check else "") + (f" ({issues})" if issues else ""))
+        message = clip(_message(members[0]), MESSAGE_CHARS)
+        varies = len(set(map(_message, members))) > 1
+        text = f" — {'e.g. ' if varies else ''}{_inline(message)}" if message else ""
+        lines.append(f"- {what} — {len(members)} cell(s): {_where(members, cells)}{text}")
+    return lines
+
+
+def _known_issues(cells: list[Cell]) -> list[str]:
+    """Each registry entry the report touches: its links, what the thread says, and its cells by display status."""
+    issues = _issues(cells)
+    if not issues:
         return []
     lines = ["", "## Known issues", ""]
-    for issue_id, known in entries.items():
-        links = " · ".join(f"<{link}>" for link in known.get("links") or [known["link"]])
-        tally = ", ".join(f"{n} {status}" for status, n in sorted(counts[issue_id].items()))
-        lines.append(f"- **{issue_id}** ({tally}) — {_inline(known.get('summary', ''))} — {links}")
+    for issue_id, (known, mine) in issues.items():
+        where = "; ".join(f"{_inline(fw)}: " + ", ".join(map(_inline, grid.distinct(
+            [c for c in mine if c["framework"] == fw], "plugin"))) for fw in grid.distinct(mine, "framework"))
+        links = _links(known)
+        lines.append(f"- **{_inline(issue_id)}** ({_issue_tally(mine)}) — {where} — {_inline(known.get('summary', ''))}"
+                     + (f" — {links}" if links else ""))
     return lines
 
 
 def render(report: dict[str, Any]) -> str:
+    """matrix.md for `report` (matrix.json's content)."""
     cells = report["cells"]
     sections = grid.sections(cells, grid.axis_order(report))
     out = ["# Freeze compatibility matrix", "",
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
            "reference (requires_grad flags, optimizer-tracked params, grads, clip norm, updates).", "",
-           _legend(), "", *_environments(report), "", *_summary(sections), *_retries(cells), *_tables(sections),
-           *_notes(cells),
-           *_known_issues(cells)]
-    return "\n".join(out) + "\n"
+           _legend(), "", "## Summary", "", *_counts(sections), "", _retries(cells)]
+    for section in sections:
+        out += _framework_summary(section, report)
+    out += ["", "## Grids"]
+    for section in sections:
+        out += _grids(section)
+    out += ["", "## Notes", "",
+            "Red cells no known issue explains, `fixed?` cells and skipped ones, grouped by how they ended; cells "
+            "a known issue explains are counted under [Known issues](#known-issues)."]
+    for section in sections:
+        out += _notes(section)
+    return "\n".join([*out, *_known_issues(cells)]) + "\n"

@@ -1,9 +1,33 @@
 (function () {
-  const data = JSON.parse(document.getElementById('cell-data').textContent);
+  'use strict';
+  // The records arrive compact (html.py `_Payload`): positional rows whose strings and texts are indices into
+  // shared tables. Everything read from them reaches the page through textContent, never as markup.
+  const payload = JSON.parse(document.getElementById('cell-data').textContent);
+  const strings = payload.strings;
+  function value(v, kind) {
+    const list = kind === 'S' || kind.charAt(0) === '[';
+    if (v === null || v === undefined) return list ? [] : null;
+    if (kind === 's') return strings[v];
+    if (kind === 'v') return v;
+    if (kind === 'S') return v.map(i => strings[i]);
+    if (kind === 't' || kind === 'r') return payload.texts[v].map(i => strings[i]).join('');
+    if (kind === 'k') return payload.issues[v];
+    if (list) return v.map(row => decode(row, kind.slice(1, -1)));
+    return decode(v, kind);
+  }
+  function decode(row, shape) {
+    const record = {};
+    payload.shapes[shape].forEach(([name, kind], i) => { record[name] = value(row[i], kind); });
+    return record;
+  }
+  const cells = payload.cells.map(row => decode(row, 'cell'));
+  const byId = new Map(cells.map((c, i) => [c.id, i]));
   const buttons = Array.from(document.querySelectorAll('button.cell'));
   const selects = Array.from(document.querySelectorAll('select[data-axis]'));
   const panel = document.getElementById('details');
   const body = document.getElementById('details-body');
+  const bar = document.getElementById('filters');
+  const summary = document.getElementById('summary-table');
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -11,35 +35,83 @@
     if (cls) e.className = cls;
     return e;
   }
+  function label(c) {
+    let t = c.id + ': ' + c.status + (c.check ? ' [' + c.check + ']' : '');
+    if (c.display !== c.status) t += ' (' + c.display + ': ' + c.known_issue.id + ')';
+    t += ' · checkpoint ' + c.checkpoint;
+    if (c.emulation) t += ' · emulated';
+    if (c.cause) t += ' · cause: ' + c.cause;
+    return t;
+  }
+  buttons.forEach(b => {
+    const c = cells[+b.dataset.i];
+    b.dataset.id = c.id;
+    b.title = label(c);
+    b.setAttribute('aria-label', b.title);
+  });
+
   function wanted() {
     const w = {};
     selects.forEach(s => { if (s.value) w[s.dataset.axis] = s.value; });
     return w;
   }
-  function visible(b, w) {
-    return (!w.framework || b.dataset.framework === w.framework) && (!w.plugin || b.dataset.plugin === w.plugin)
-      && (!w.freeze || b.dataset.freeze === w.freeze)
-      && (!w.status || b.dataset.display === w.status || b.dataset.status === w.status)
-      && (!w.cause || b.dataset.cause === w.cause);
+  function matches(c, w) {
+    return (!w.framework || c.framework === w.framework) && (!w.plugin || c.plugin === w.plugin)
+      && (!w.freeze || c.freeze === w.freeze) && (!w.status || c.display === w.status || c.status === w.status)
+      && (!w.cause || c.cause === w.cause);
+  }
+  function summarize(shown, w) {
+    // Same counting as grid.py's Section: raw statuses, plus known / fixed? where the registry says so.
+    const counts = {};
+    const bump = (f, k) => { counts[f] = counts[f] || {}; counts[f][k] = (counts[f][k] || 0) + 1; };
+    cells.forEach((c, i) => {
+      if (!shown[i]) return;
+      [c.framework, ''].forEach(f => {
+        bump(f, 'cells');
+        bump(f, c.status);
+        if (c.display !== c.status) bump(f, c.display);
+        if (c.cause) bump(f, 'red:' + c.cause);
+      });
+    });
+    summary.querySelectorAll('tr[data-framework]').forEach(tr => {
+      const got = counts[tr.dataset.framework] || {};
+      tr.querySelectorAll('td[data-k]').forEach(td => {
+        const n = got[td.dataset.k] || 0;
+        td.textContent = String(n);
+        td.classList.toggle('zero', n === 0);
+      });
+    });
+    const scope = Object.keys(w).map(k => k + ' = ' + w[k]).join(', ');
+    document.getElementById('summary-scope').textContent = scope ? '(cells where ' + scope + ')' : '(every cell)';
+  }
+  function fit() {
+    // A grid that fits gets no scroll box, so its header can stick under the filters; a wider one scrolls alone.
+    document.documentElement.style.setProperty('--bar', bar.offsetHeight + 'px');
+    document.querySelectorAll('.gridbox').forEach(box => {
+      box.classList.remove('fits');
+      box.classList.toggle('fits', box.firstElementChild.offsetWidth <= box.clientWidth);
+    });
   }
   function apply() {
+    // Squares keep their slot (visibility): a square's column always tells its plugin and checkpoint mode.
     const w = wanted();
-    let shown = 0;
-    buttons.forEach(b => { const v = visible(b, w); b.hidden = !v; if (v) shown++; });
-    document.querySelectorAll('[data-plugin]:not(button)').forEach(e => {
-      e.hidden = !!w.plugin && e.dataset.plugin !== w.plugin;
+    const shown = cells.map(c => matches(c, w));
+    buttons.forEach(b => b.classList.toggle('out', !shown[+b.dataset.i]));
+    const column = w.plugin ? payload.plugins.indexOf(w.plugin) : -1;
+    document.querySelectorAll('.grid [data-p]').forEach(e => { e.hidden = column >= 0 && +e.dataset.p !== column; });
+    document.querySelectorAll('tr[data-freeze]').forEach(e => { e.hidden = !!w.freeze && e.dataset.freeze !== w.freeze; });
+    document.querySelectorAll('tbody.block,section.framework').forEach(e => {
+      e.hidden = !e.querySelector('button.cell:not(.out)');
     });
-    document.querySelectorAll('tr[data-freeze]').forEach(e => {
-      e.hidden = !!w.freeze && e.dataset.freeze !== w.freeze;
-    });
-    document.querySelectorAll('.block,section.framework').forEach(e => {
-      e.hidden = !e.querySelector('button.cell:not([hidden])');
-    });
-    document.getElementById('shown').textContent = shown + ' of ' + buttons.length + ' cells shown';
+    const n = shown.filter(Boolean).length;
+    document.getElementById('shown').textContent = n + ' of ' + cells.length + ' cells shown';
+    summarize(shown, w);
+    fit();
   }
-  function add(dl, term, value) {
-    if (value === undefined || value === null || value === '') return;
-    dl.append(el('dt', term), el('dd', value));
+
+  function add(dl, term, text) {
+    if (text === undefined || text === null || text === '') return;
+    dl.append(el('dt', term), el('dd', text));
   }
   function pre(parent, title, text) {
     if (text) parent.append(el('h3', title), el('pre', text));
@@ -49,60 +121,56 @@
     if (/^https?:\/\//.test(href)) { a.href = href; a.target = '_blank'; a.rel = 'noopener noreferrer'; }
     return a;
   }
-  function show(id) {
-    const c = data[id];
-    if (!c) return;
-    buttons.forEach(b => b.classList.toggle('active', b.dataset.id === id));
-    body.replaceChildren(el('h2', id));
+  function show(i) {
+    const c = cells[i];
+    buttons.forEach(b => b.classList.toggle('active', +b.dataset.i === i));
+    body.replaceChildren(el('h2', c.id));
     const line = el('p');
     line.append(el('span', c.status, 'badge d-' + c.status));
-    const shown = c.display === 'fixed?' ? 'fixed' : c.display;
-    if (c.display !== c.status) line.append(el('span', c.display, 'badge d-' + shown));
+    if (c.display !== c.status) line.append(el('span', c.display, 'badge d-' + c.display.replace('?', '')));
     if (c.check) line.append(el('span', 'failed check: ' + c.check));
     body.append(line);
     const dl = el('dl', undefined, 'facts');
     ['model', 'framework', 'plugin', 'init', 'checkpoint', 'freeze', 'environment', 'precision', 'world_size']
       .forEach(k => add(dl, k, c[k]));
     const emulated = [];
-    (c.rank_details || []).forEach(r => (r.emulated || []).forEach(x => {
-      if (!emulated.includes(x)) emulated.push(x);
-    }));
-    const what = emulated.length ? ': ' + emulated.join('; ') : '';
-    add(dl, 'emulation', c.emulation ? 'yes (CUDA-on-CPU shim)' + what : 'no');
+    c.rank_details.forEach(r => r.emulated.forEach(x => { if (!emulated.includes(x)) emulated.push(x); }));
+    add(dl, 'emulation', c.emulation ? 'yes (CUDA-on-CPU shim)' + (emulated.length ? ': ' + emulated.join('; ') : '')
+      : 'no');
     add(dl, 'grad access', c.grad_access);
     add(dl, 'grad norm source', c.grad_norm_source);
-    if (c.duration_s !== undefined) add(dl, 'duration', c.duration_s + ' s');
+    if (c.duration_s !== null) add(dl, 'duration', c.duration_s + ' s');
+    add(dl, 'cause', c.cause);
     body.append(dl);
     pre(body, c.status === 'skip' ? 'reason' : 'message', c.message);
-    if ((c.failures || []).length > 1) {
+    if (c.failures.length > 1) {
       const ul = el('ul');
       c.failures.forEach(f => {
         const li = el('li');
-        li.append(el('strong', f.check + (f.step >= 0 ? ' (from step ' + f.step + ')' : '')));
-        li.append(el('span', ': ' + f.message));
-        if ((f.params || []).length) li.append(el('div', 'params: ' + f.params.join(', ')));
+        li.append(el('strong', f.check + (f.step !== null && f.step >= 0 ? ' (from step ' + f.step + ')' : '')));
+        if (f.message) li.append(el('span', ': ' + f.message));
+        if (f.params.length) li.append(el('div', 'params: ' + f.params.join(', ')));
         ul.append(li);
       });
       body.append(el('h3', 'every failed check'), ul);
     }
-    if (c.cause) add(dl, 'cause', c.cause);
     const k = c.known_issue;
-    if (k && k.id) {
+    if (k) {
       body.append(el('h3', 'known issue'));
       const p = el('p');
       p.append(el('strong', k.id));
       if (k.summary) p.append(el('span', ' — ' + k.summary));
       const ul = el('ul');
-      (k.links || (k.link ? [k.link] : [])).forEach(h => { const li = el('li'); li.append(link(h)); ul.append(li); });
+      k.links.forEach(h => { const li = el('li'); li.append(link(h)); ul.append(li); });
       body.append(p, ul);
     }
-    if ((c.notes || []).length) {
+    if (c.notes.length) {
       const ul = el('ul');
       c.notes.forEach(n => ul.append(el('li', n)));
       body.append(el('h3', 'notes'), ul);
     }
     pre(body, 'reproduce', c.repro);
-    (c.rank_details || []).forEach(r => {
+    c.rank_details.forEach(r => {
       const box = el('div', undefined, 'rank');
       box.append(el('h3', 'rank ' + r.rank + ' — last phase: ' + r.phase));
       const facts = el('dl', undefined, 'facts');
@@ -112,7 +180,7 @@
         add(facts, 'phase', r.error.phase);
       }
       add(facts, 'exit', r.exit);
-      if (r.emulated && r.emulated.length) add(facts, 'emulated', r.emulated.join('; '));
+      if (r.emulated.length) add(facts, 'emulated', r.emulated.join('; '));
       box.append(facts);
       pre(box, 'traceback', r.traceback);
       pre(box, 'stack', r.stack);
@@ -120,17 +188,24 @@
       body.append(box);
     });
     panel.hidden = false;
-    if (decodeURIComponent(location.hash.slice(1)) !== id) history.replaceState(null, '', '#' + encodeURIComponent(id));
+    if (decodeURIComponent(location.hash.slice(1)) !== c.id) history.replaceState(null, '', '#' + encodeURIComponent(c.id));
   }
   function hide() {
     panel.hidden = true;
     buttons.forEach(b => b.classList.remove('active'));
     history.replaceState(null, '', location.pathname + location.search);
   }
-  buttons.forEach(b => b.addEventListener('click', () => show(b.dataset.id)));
+  function fromHash() {
+    // A cell's id in the address opens it (the notes link there); a section's anchor just scrolls.
+    const i = byId.get(decodeURIComponent(location.hash.slice(1)));
+    if (i !== undefined) show(i);
+  }
+  buttons.forEach(b => b.addEventListener('click', () => show(+b.dataset.i)));
   selects.forEach(s => s.addEventListener('change', apply));
   document.getElementById('close').addEventListener('click', hide);
   document.addEventListener('keydown', e => { if (e.key === 'Escape') hide(); });
+  window.addEventListener('hashchange', fromHash);
+  window.addEventListener('resize', fit);
   apply();
-  if (location.hash) show(decodeURIComponent(location.hash.slice(1)));
+  fromHash();
 })();
