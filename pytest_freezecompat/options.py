@@ -77,12 +77,18 @@ def given_on_command_line(config: pytest.Config) -> list[str]:
             if config.getoption(f"freeze_matrix_{name}") not in (None, [])]
 
 
+_KINDS: dict[Any, str] = {float: "a number of seconds", int: "a whole number"}
+
+
+def _from_ini(config: pytest.Config, name: str) -> str | None:
+    """The ini file's value, or None when it has none (read only where the command line gave nothing)."""
+    return str(config.getini(name)).strip() or None
+
+
 def _setting(config: pytest.Config, name: str, convert: Callable[[str], T], default: T) -> T:
-    value = config.getoption(name)
-    if value is not None:
+    if (value := config.getoption(name)) is not None:
         return value
-    text = str(config.getini(name)).strip()
-    if not text:
+    if (text := _from_ini(config, name)) is None:
         return default
     try:
         return convert(text)
@@ -91,19 +97,11 @@ def _setting(config: pytest.Config, name: str, convert: Callable[[str], T], defa
         raise pytest.UsageError(f"{name} = {text!r} in {where}: not {_KINDS[convert]}") from None
 
 
-_KINDS: dict[Any, str] = {float: "a number of seconds", int: "a whole number"}
-
-
-def _ini_path(config: pytest.Config, name: str) -> str | None:
+def _path(config: pytest.Config, name: str) -> str | None:
     """A path option: the command line's as given (relative to the cwd), the ini file's relative to that file."""
-    value = config.getoption(name)
-    if value is not None:
+    if (value := config.getoption(name)) is not None or (text := _from_ini(config, name)) is None:
         return value
-    text = str(config.getini(name)).strip()
-    if not text:
-        return None
-    base = config.inipath.parent if config.inipath else config.rootpath
-    return os.path.normpath(base / text)
+    return os.path.normpath((config.inipath.parent if config.inipath else config.rootpath) / text)
 
 
 def resolve(config: pytest.Config) -> Options:
@@ -116,12 +114,12 @@ def resolve(config: pytest.Config) -> Options:
     if not (math.isfinite(timeout_s) and low <= timeout_s <= high):
         raise pytest.UsageError(f"--freeze-matrix-timeout must be between {low:.0f} and {high:.0f} seconds, "
                                 f"got {timeout_s}")
-    report_dir = _ini_path(config, "freeze_matrix_report")
+    report_dir = _path(config, "freeze_matrix_report")
     environment = (config.getoption("freeze_matrix_environment") or os.environ.get(ENVIRONMENT_VARIABLE)
-                   or str(config.getini("freeze_matrix_environment")).strip() or None)
+                   or _from_ini(config, "freeze_matrix_environment"))
     return Options(
         matrix=config.getoption("freeze_matrix"), select=",".join(config.getoption("freeze_matrix_select")),
-        timeout_s=timeout_s, world_size=world_size, spec_path=_ini_path(config, "freeze_matrix_spec"),
+        timeout_s=timeout_s, world_size=world_size, spec_path=_path(config, "freeze_matrix_spec"),
         report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
         report_dir_is_default=report_dir is None, environment=environment,
         command=shlex.join(["pytest", *config.invocation_params.args]), rootdir=config.rootpath,

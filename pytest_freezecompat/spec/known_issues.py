@@ -60,11 +60,22 @@ class Entry:
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
         """A user's cell is selected by the stack alone (framework, plugin, init, checkpoint, device): its model
         and pattern names are its own, so what the entry explains (status, check, message, predictions) decides."""
+        return self.closeness(cell, environment) is not None
+
+    def closeness(self, cell: dict[str, Any], environment: dict[str, Any]) -> tuple[bool, int] | None:
+        """None if the entry does not select the cell, else how closely: whether a selector names the cell's model
+        and pattern too, then how many stack axes it names (a user cell's entries are tried closest first)."""
         fields = {**{axis: str(cell.get(axis, "")) for axis in KEY_AXES}, "device": str(environment.get("device", ""))}
-        ignored = USER_AXES if cell.get("user_model") else ()
-        return any(all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in pats)
-                       for key, pats in when.items() if key not in ignored)
-                   for when in self.when)
+
+        def holds(keys: Iterable[str], when: dict[str, tuple[str, ...]]) -> bool:
+            return all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in when[key]) for key in keys)
+
+        found = []
+        for when in self.when:
+            stack = [key for key in when if key not in USER_AXES]
+            if holds(when, when) or (cell.get("user_model") and holds(stack, when)):
+                found.append((holds(when, when), len(stack)))
+        return max(found) if found else None
 
     def applies_to(self, environment: dict[str, Any]) -> bool:
         """True when every named package's version in this environment is inside the entry's specifiers."""
@@ -277,6 +288,8 @@ def match(cell: dict[str, Any], environment: dict[str, Any], registry: Registry)
     if cell["status"] == "skip":
         return registry.get(named).describe() if named else None
     selecting = [e for e in registry.entries if e.selects(cell, environment) and e.applies_to(environment)]
+    if cell.get("user_model"):  # stable: among equally close entries the registry's order holds
+        selecting.sort(key=lambda entry: entry.closeness(cell, environment), reverse=True)
     if cell["status"] == "pass":  # a user's pattern may well be one the issue leaves alone: never `fixed?`
         return {**selecting[0].describe(), "fixed": True} if selecting and not cell.get("user_model") else None
     first = registry.get(named) if named else None
