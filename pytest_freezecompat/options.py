@@ -122,5 +122,7 @@ def resolve(config: pytest.Config) -> Options:
         timeout_s=timeout_s, world_size=world_size, spec_path=_path(config, "freeze_matrix_spec"),
         report_dir=Path(report_dir) if report_dir else config.rootpath / DEFAULT_REPORT_DIR,
         report_dir_is_default=report_dir is None, environment=environment,
-        command=shlex.join(["pytest", *config.invocation_params.args]), rootdir=config.rootpath,
+        # Paths under the rootdir relative to it: a published report names no machine's folders.
+        command=shlex.join(["pytest", *config.invocation_params.args]).replace(f"{config.rootpath}{os.sep}", ""),
+        rootdir=config.rootpath,
     )

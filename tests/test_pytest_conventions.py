@@ -48,6 +48,9 @@ def test_ini_options_configure_the_matrix_and_the_command_line_wins(run_matrix, 
     result, report = run_matrix("--freeze-matrix-select=freeze=none")
     result.stdout.fnmatch_lines(["freeze-matrix: 1 cells, *world size 1, timeout 45 s, spec */specs/small.toml"])
     assert report["cells"][0]["world_size"] == 1
+    command = report["environments"]["torch"]["run"]["command"]  # no machine's folders in a published report
+    assert command == "pytest --basetemp=runpytest-0 --freeze-matrix --freeze-matrix-report=report " \
+                      "-p no:cacheprovider --freeze-matrix-select=freeze=none" and str(pytester.path) not in command
     result, _ = run_matrix("--freeze-matrix-select=freeze=none", "--freeze-matrix-world-size=2", "--co")
     result.stdout.fnmatch_lines(["freeze-matrix: 1 cells, *world size 2, timeout 45 s*"])
 
