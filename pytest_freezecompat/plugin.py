@@ -25,9 +25,8 @@ if TYPE_CHECKING:
     from .controller.runner import MatrixRun
 
 #: The report attribute that carries a cell's whole record to the process that writes the report (xdist
-#: serializes a report's attributes); junitxml gets only `JUNIT_PROPERTIES`, as scalars.
+#: serializes a report's attributes); junitxml gets a few scalars (`MatrixItem._keep`).
 RECORD_ATTRIBUTE = "freeze_matrix_cell"
-JUNIT_PROPERTIES = ("status", "check", "cause", "known_issue", "repro", "emulation")
 #: Summary columns: what pytest counts (pass, the failures, skip), then xfail (`known`) and strict xpass (`fixed?`).
 SUMMARY_COLUMNS = (*STATUSES, "known", "fixed?")
 COLUMN_MARKUP = {"pass": {"green": True}, "fail": {"red": True}, "error": {"red": True}, "timeout": {"red": True},
@@ -125,10 +124,10 @@ class MatrixItem(pytest.Item):
     def _keep(self, record: dict[str, Any]) -> None:
         """The record rides on the report (`RECORD_ATTRIBUTE`); junitxml sees a few scalars a dashboard can use."""
         self.record = record
-        known = record.get("known_issue") or {}
-        values = {**record, "known_issue": known.get("id"), "check": record.get("check"),
-                  "cause": record.get("cause"), "emulation": bool(record.get("emulation"))}
-        self.user_properties.extend((name, values[name]) for name in JUNIT_PROPERTIES if values[name] is not None)
+        values = {"status": record["status"], "check": record.get("check"), "cause": record.get("cause"),
+                  "known_issue": (record.get("known_issue") or {}).get("id"), "repro": record["repro"],
+                  "emulation": bool(record.get("emulation"))}
+        self.user_properties.extend((name, value) for name, value in values.items() if value is not None)
 
     def runtest(self) -> None:
         record = self.run.run_cell(self.cell, self.repro)
@@ -203,10 +202,10 @@ class MatrixSession:
         self._report_line = ""
         self._report_paths: list[Path] = []
         self.options = settings.resolve(config)
-        if self.options.select:
-            _check_selection(self.options)
-        if self.options.matrix:
+        if self.options.matrix:  # the run checks its selection as it plans
             self._begin()
+        elif self.options.select:  # user cases start the run only when collected: check it now
+            _check_selection(self.options)
 
     def _begin(self) -> MatrixRun:
         self._run = _start_run(self.config, self.options)

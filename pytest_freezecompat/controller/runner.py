@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cell import Cell
-from ..core.names import short_paths
+from ..core.names import KEY_AXES, short_paths
 from ..core.phases import KINDS
 from ..core.records import CellRecord, CellRun, Status
 from ..options import DEFAULT_WORLD_SIZE, Options
@@ -194,8 +194,7 @@ class MatrixRun:
         """Versions of an environment's stack, as this process sees them (cached: metadata scans are slow)."""
         if name not in self._environment_info:
             frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.environment == name}
-            axes = {axis: self.spec.values(axis) for axis in ("framework", "model", "plugin", "init", "checkpoint",
-                                                              "freeze")}
+            axes = {axis: self.spec.values(axis) for axis in KEY_AXES}
             self._environment_info[name] = schema.environment_info(
                 frameworks, self.device, self.backend, axes=axes,
                 run=schema.run_info(self.options.command, self.options.rootdir))

@@ -131,6 +131,21 @@ def sections(cells: list[Cell], order: Order | None = None) -> list[Section]:
             for framework in distinct(cells, "framework", order)]
 
 
+def known_issues(cells: Iterable[Cell]) -> dict[str, tuple[dict[str, Any], list[Cell]]]:
+    """Registry entries by id, in first-seen order, with the cells each is tied to (both reports list them)."""
+    entries: dict[str, tuple[dict[str, Any], list[Cell]]] = {}
+    for cell in cells:
+        known = cell.get("known_issue") or {}
+        if known.get("id"):
+            entries.setdefault(known["id"], (known, []))[1].append(cell)
+    return entries
+
+
+def links(known: dict[str, Any]) -> list[str]:
+    """An entry's upstream threads (reports written before `links` have one `link`)."""
+    return list(known.get("links") or ([known["link"]] if known.get("link") else []))
+
+
 def rendezvous_retried(cells: list[dict[str, Any]]) -> list[str]:
     """Ids of cells rerun because joining their fresh process group hung: a harness event the report counts."""
     return [cell["id"] for cell in cells if cell.get("rendezvous_retries")]

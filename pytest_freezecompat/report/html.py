@@ -22,6 +22,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from ..core.names import clip
 from ..core.records import FAILING, STATUSES, display_status
 from . import grid
 
@@ -109,7 +110,7 @@ class _Payload:
         return self.texts.setdefault(pieces, len(self.texts))
 
     def issue(self, known: dict[str, Any]) -> int:
-        entry = {"id": known["id"], "summary": known.get("summary", ""), "links": _links(known),
+        entry = {"id": known["id"], "summary": known.get("summary", ""), "links": grid.links(known),
                  "expected": bool(known.get("expected")), "fixed": bool(known.get("fixed"))}
         return self.issues.setdefault(json.dumps(entry, sort_keys=True), len(self.issues))
 
@@ -140,10 +141,6 @@ class _Payload:
         rows = [self.row({**cell, "display": display_status(cell)}, "cell") for cell in cells]
         return {"shapes": SHAPES, "strings": list(self.strings), "texts": [list(t) for t in self.texts],
                 "issues": [json.loads(i) for i in self.issues], "plugins": plugins, "cells": rows}
-
-
-def _links(known: dict[str, Any]) -> list[str]:
-    return list(known.get("links") or ([known["link"]] if known.get("link") else []))
 
 
 def _emulated(cells: list[dict[str, Any]]) -> bool:
@@ -181,16 +178,13 @@ def _section(section: grid.Section, index: dict[str, int], plugin_index: dict[st
 
 def _known_issues(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each registry entry that matched cells, in first-matched order, with its cells by display status."""
-    entries: dict[str, dict[str, Any]] = {}
-    for cell in cells:
-        known = cell.get("known_issue") or {}
-        if known.get("id"):
-            entry = entries.setdefault(known["id"], {"id": known["id"], "summary": known.get("summary", ""),
-                                                     "links": _links(known), "counts": Counter()})
-            entry["counts"][display_status(cell)] += 1
-    return [{**e, "cells": e["counts"].total(), "known": e["counts"]["known"], "fixed": e["counts"]["fixed?"],
-             "other": ", ".join(f"{n} {s}" for s, n in e["counts"].items() if s not in ("known", "fixed?"))}
-            for e in entries.values()]
+    views = []
+    for issue_id, (known, mine) in grid.known_issues(cells).items():
+        counts = Counter(map(display_status, mine))
+        views.append({"id": issue_id, "summary": known.get("summary", ""), "links": grid.links(known),
+                      "cells": len(mine), "known": counts["known"], "fixed": counts["fixed?"],
+                      "other": ", ".join(f"{n} {s}" for s, n in counts.items() if s not in ("known", "fixed?"))})
+    return views
 
 
 def _notes(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,7 +194,7 @@ def _notes(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         display = display_status(cell)
         if display in FAILING or display == "fixed?":
             message = cell.get("message") or "; ".join(cell.get("notes") or [])
-            message = message if len(message) <= NOTE_CHARS else message[:NOTE_CHARS] + "…"
+            message = clip(message, NOTE_CHARS)
             groups[(display, cell.get("check") or "", cell.get("cause") or "", message)].append(cell)
     order = [*STATUSES, "fixed?"]
     return [{"display": display, "css": _css_class(display), "check": check, "cause": cause, "message": message,

@@ -156,7 +156,7 @@ def _emulation(section: grid.Section) -> str:
 def _links(known: dict[str, Any]) -> str:
     """`[pytorch#91167](…) · [lazy_init.md](…)`: each upstream thread by a name a reader recognizes."""
     labels = []
-    for link in known.get("links") or ([known["link"]] if known.get("link") else []):
+    for link in grid.links(known):
         thread = re.match(r"https?://github\.com/[^/]+/([^/]+)/(?:issues|pull)/(\d+)", link)
         label = f"{thread[1]}#{thread[2]}" if thread else link.rstrip("/").rsplit("/", 1)[-1]
         labels.append(f"[{_inline(label)}]({link})")
@@ -206,16 +206,6 @@ def _works_and_breaks(section: grid.Section, cells: list[Cell]) -> list[str]:
     return lines
 
 
-def _issues(cells: list[Cell]) -> dict[str, tuple[dict[str, Any], list[Cell]]]:
-    """Registry entries by id, in first-seen order, with the cells each is tied to."""
-    entries: dict[str, tuple[dict[str, Any], list[Cell]]] = {}
-    for cell in cells:
-        known = cell.get("known_issue") or {}
-        if known.get("id"):
-            entries.setdefault(known["id"], (known, []))[1].append(cell)
-    return entries
-
-
 def _issue_tally(cells: list[Cell]) -> str:
     return ", ".join(f"{n} {shown}" for shown, n in sorted(Counter(map(display_status, cells)).items()))
 
@@ -233,7 +223,7 @@ def _framework_summary(section: grid.Section, report: dict[str, Any]) -> list[st
         lines += ["", emulation]
     lines += ["", *_plugin_table(section, cells, set() if everywhere else marked), "",
               *_works_and_breaks(section, cells)]
-    issues = _issues(cells)
+    issues = grid.known_issues(cells)
     if issues:
         lines.append(f"- {REGISTRY_MARKS['known']} **Known upstream issues** (see [Known issues](#known-issues)):")
         for issue_id, (known, mine) in issues.items():
@@ -349,7 +339,7 @@ def _notes(section: grid.Section) -> list[str]:
     order = [*(s for s in STATUSES if s != "skip"), "fixed?", "skip"]
     for (shown, status, check, cause, _, _), members in sorted(
             groups.items(), key=lambda g: (order.index(g[0][0]), -len(g[1]), g[0][2:])):
-        issues = ", ".join(_known(known) for known, _ in _issues(members).values())
+        issues = ", ".join(_known(known) for known, _ in grid.known_issues(members).values())
         what = (f"{SYMBOLS[status]}{CAUSE_MARKS.get(cause, '')}{REGISTRY_MARKS.get(shown, '')} **{shown}**"
                 + (f" `{_inline(check)}`" if check else "") + (f" ({issues})" if issues else ""))
         message = clip(_message(members[0]), MESSAGE_CHARS)
@@ -361,7 +351,7 @@ def _notes(section: grid.Section) -> list[str]:
 
 def _known_issues(cells: list[Cell]) -> list[str]:
     """Each registry entry the report touches: its links, what the thread says, and its cells by display status."""
-    issues = _issues(cells)
+    issues = grid.known_issues(cells)
     if not issues:
         return []
     lines = ["", "## Known issues", ""]

@@ -73,8 +73,9 @@ class Entry:
         found = []
         for when in self.when:
             stack = [key for key in when if key not in USER_AXES]
-            if holds(when, when) or (cell.get("user_model") and holds(stack, when)):
-                found.append((holds(when, when), len(stack)))
+            whole = holds(when, when)
+            if whole or (cell.get("user_model") and holds(stack, when)):
+                found.append((whole, len(stack)))
         return max(found) if found else None
 
     def applies_to(self, environment: dict[str, Any]) -> bool:
