@@ -51,6 +51,7 @@ class CaseDeclaration:
     init: Sequence[str] | None
     checkpoint: Sequence[str] | None
     tolerance: Mapping[str, float]
+    clip: Sequence[str]
 
 
 def freeze_case(*, batch: Callable[[int, int], dict[str, torch.Tensor]],
@@ -58,19 +59,21 @@ def freeze_case(*, batch: Callable[[int, int], dict[str, torch.Tensor]],
                 patterns: Mapping[str, PatternSpec], name: str | None = None,
                 frameworks: Sequence[str] | None = None, plugins: Sequence[str] | None = None,
                 init: Sequence[str] | None = None, checkpoint: Sequence[str] | None = None,
-                tolerance: Mapping[str, float] | None = None) -> Callable[[Callable[[], nn.Module]], Any]:
+                tolerance: Mapping[str, float] | None = None,
+                clip: Sequence[str] = ("clip",)) -> Callable[[Callable[[], nn.Module]], Any]:
     """Declare a model factory as a matrix case.
 
     batch(global_batch_size, step) -> dict of tensors (rows are split across ranks);
     loss(model, batch) -> scalar. A pattern is {"frozen"|"trainable": [globs], "optimizer": [globs],
     "unused": [globs]} or a module-level function name -> bool (True = trainable).
     `tolerance` overrides fields of `checks.Tolerance` (grad_rtol, grad_atol, param_rtol, param_atol, norm_rtol).
+    `clip`: "clip" (every step, through the stack's own API), "no-clip", or both.
     """
 
     def decorate(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
         setattr(factory, CASE_ATTRIBUTE, CaseDeclaration(
             factory, name or factory.__name__.replace("_", "-").lower(), batch, loss, patterns, frameworks, plugins,
-            init, checkpoint, dict(tolerance or {})))
+            init, checkpoint, dict(tolerance or {}), tuple(clip)))
         return factory
 
     return decorate
@@ -141,5 +144,5 @@ def build_case(decl: CaseDeclaration) -> UserCase:
     return UserCase(name=decl.name, model=refs, patterns=patterns, groups=groups,
                     frameworks=tuple(decl.frameworks) if decl.frameworks else None,
                     plugins=tuple(decl.plugins) if decl.plugins else None,
-                    init=tuple(decl.init) if decl.init else None, checkpoint=checkpoint,
+                    init=tuple(decl.init) if decl.init else None, checkpoint=checkpoint, clip=tuple(decl.clip),
                     tolerance={k: float(v) for k, v in decl.tolerance.items()})

@@ -89,6 +89,15 @@ def test_grad_norm_mismatch_fails_and_missing_norm_is_noted():
     assert verdict.status == "pass" and any("not verified: plugin exposes no norm" in n for n in verdict.notes)
 
 
+def test_a_cell_that_never_clips_has_no_norm_to_compare_but_grads_and_updates_still_count():
+    record = base_record()
+    record.steps[0].norm, record.steps[0].norm_source = None, None
+    unclipped = checks.judge_records([record], "fp32", clips=False)
+    assert unclipped.status == "pass" and not any("norm" in n for n in unclipped.notes)
+    record.steps[0].grads["w"] = arr(0.1, -0.3)
+    assert checks.judge_records([record], "fp32", clips=False).check == "grads"
+
+
 def test_frozen_param_that_moves_by_one_ulp_fails():
     record = base_record()
     moved = np.nextafter(arr(1, 1), np.float32(2))

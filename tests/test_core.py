@@ -21,3 +21,17 @@ def test_a_report_row_flattens_its_key_and_leaves_unset_optional_fields_out():
     assert {axis: row[axis] for axis in KEY.as_dict()} == KEY.as_dict() and row["id"] == KEY.id
     assert "key" not in row and not {"emulated", "pool_start_s", "known_issue"} & set(row)
     assert row["status"] == "pass" and STATUSES[0] == "pass"
+
+
+def test_the_clip_axis_shows_in_an_id_only_where_a_cell_does_not_clip():
+    unclipped = CellKey("tiny-gpt", "torch", "fsdp2", "eager", "none", "embedding", "no-clip")
+    assert KEY.clip == "clip" and KEY.id == "tiny-gpt/torch/fsdp2/eager/none/embedding"  # ids published before it
+    assert unclipped.id == "tiny-gpt/torch/fsdp2/eager/none/embedding/no-clip"
+    assert CellKey.parse(unclipped.id) == unclipped and CellKey.parse(KEY.id).clip == "clip"
+
+
+def test_a_report_row_written_before_the_clip_axis_held_a_clipped_cell():
+    from pytest_freezecompat.core.records import with_later_axes
+
+    assert with_later_axes({"id": KEY.id})["clip"] == "clip"
+    assert with_later_axes({"id": "x", "clip": "no-clip"})["clip"] == "no-clip"

@@ -32,7 +32,7 @@ KNOWN_ID = "tiny-gpt/torch/fsdp1/eager/none/lora"
 def cell(framework="torch", plugin="ddp", checkpoint="none", freeze="none", status="pass", **extra):
     record = {"id": f"tiny-gpt/{framework}/{plugin}/eager/{checkpoint}/{freeze}", "model": "tiny-gpt",
               "framework": framework, "plugin": plugin, "init": "eager", "checkpoint": checkpoint, "freeze": freeze,
-              "environment": framework, "status": status, "check": None, "message": "", "notes": [],
+              "clip": "clip", "environment": framework, "status": status, "check": None, "message": "", "notes": [],
               "grad_access": "param.grad", "grad_norm_source": "torch.nn.utils.clip_grad_norm_",
               "repro": f"pytest --freeze-matrix --freeze-matrix-select framework={framework},plugin={plugin}",
               "rank_details": [], "emulation": False, "precision": "fp32", "world_size": 2}

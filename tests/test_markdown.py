@@ -2,6 +2,7 @@
 
 import re
 
+from pytest_freezecompat.core.cell import CellKey
 from pytest_freezecompat.core.names import clip
 from pytest_freezecompat.report import markdown, write
 
@@ -26,10 +27,11 @@ KNOWN = {"id": "torch-fsdp1-uniform-requires-grad", "link": "https://github.com/
 SYMBOLS = tuple(markdown.SYMBOLS.values())
 
 
-def cell(framework="torch", plugin="ddp", freeze="none", checkpoint="none", init="eager", status="pass", **extra):
-    return {"id": f"tiny-gpt/{framework}/{plugin}/{init}/{checkpoint}/{freeze}", "model": "tiny-gpt",
-            "framework": framework, "plugin": plugin, "init": init, "checkpoint": checkpoint, "freeze": freeze,
-            "environment": framework, "status": status, "check": None, "message": "", **extra}
+def cell(framework="torch", plugin="ddp", freeze="none", checkpoint="none", init="eager", status="pass", clip="clip",
+         **extra):
+    key = CellKey("tiny-gpt", framework, plugin, init, checkpoint, freeze, clip)
+    return {"id": key.id, **key.as_dict(), "environment": framework, "status": status, "check": None, "message": "",
+            **extra}
 
 
 def real_size():

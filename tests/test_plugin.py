@@ -20,7 +20,7 @@ def test_matrix_runs_real_cells_and_writes_the_report(run_matrix):
     assert report["environments"]["torch"]["backend"] == "gloo"
     result.stdout.fnmatch_lines(["collected 3 items",
                                  "reproduce: pytest --freeze-matrix --freeze-matrix-select=model=tiny-gpt,"
-                                 "framework=torch,plugin=ddp,init=eager,checkpoint=none,freeze=unused-branch "
+                                 "framework=torch,plugin=ddp,init=eager,checkpoint=none,freeze=unused-branch,clip=clip "
                                  f"--freeze-matrix-spec={SPECS / 'small.toml'}",
                                  "*freeze matrix*", "torch/ddp*2*0*1*0*0*0", "report: 3 cells in the report*",
                                  "  */matrix.json", "  */matrix.md", "  */matrix.html"])

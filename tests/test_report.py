@@ -5,13 +5,14 @@ import re
 import pytest
 
 from pytest_freezecompat.cli import main as cli
-from pytest_freezecompat.report import grid, markdown, merge, schema, write
+from pytest_freezecompat.report import grid, html, markdown, merge, schema, write
 
 
 def cell(plugin="ddp", freeze="none", status="pass", framework="torch", **extra):
     return {"id": f"tiny-gpt/{framework}/{plugin}/eager/none/{freeze}", "model": "tiny-gpt", "framework": framework,
-            "plugin": plugin, "init": "eager", "checkpoint": "none", "freeze": freeze, "environment": framework,
-            "status": status, "check": None, "message": "", "grad_access": "param.grad", **extra}
+            "plugin": plugin, "init": "eager", "checkpoint": "none", "freeze": freeze, "clip": "clip",
+            "environment": framework, "status": status, "check": None, "message": "", "grad_access": "param.grad",
+            **extra}
 
 
 ENVS = {"torch": {"python": "3.11.7", "torch": "2.13.0", "frameworks": {"torch": "2.13.0"}, "device": "cpu",
@@ -101,6 +102,25 @@ def test_loader_ignores_fields_it_does_not_know_and_accepts_null_optional_ones(t
     assert schema.load(path)["cells"][0]["future"] == {"any": [1]}
 
 
+def test_a_report_from_before_the_clip_axis_loads_with_every_cell_clipped(tmp_path):
+    path = tmp_path / "m.json"
+    row = cell()
+    del row["clip"]
+    path.write_text(json.dumps(write.build(ENVS, [row])))
+    assert schema.load(path)["cells"][0]["clip"] == "clip"
+
+
+def test_cells_that_never_clip_get_a_block_of_their_own_in_both_reports():
+    unclipped = {**cell(freeze="embedding"), "clip": "no-clip", "id": "tiny-gpt/torch/ddp/eager/none/embedding/no-clip"}
+    cells = [cell(), cell(freeze="embedding"), unclipped]
+    [torch] = grid.sections(cells)
+    assert [(b.clip, [r.freeze for r in b.rows]) for b in torch.blocks] == [("clip", ["none", "embedding"]),
+                                                                          ("no-clip", ["embedding"])]
+    report = write.build(ENVS, cells)
+    assert "#### tiny-gpt · init `eager` · `no-clip` (never clipped)" in markdown.render(report)
+    assert "init <code>eager</code>, <code>no-clip</code> (never clipped)" in html.render(report)
+
+
 def test_cli_merge_and_its_one_line_error(tmp_path, capsys):
     for name, fw in (("a", "torch"), ("b", "megatron")):
         (tmp_path / name).mkdir()
@@ -170,7 +190,7 @@ def test_tables_follow_the_matrix_files_axis_order_and_append_what_it_does_not_l
     from pytest_freezecompat.report import grid
 
     cells = [{"framework": fw, "model": "m", "init": "eager", "freeze": fr, "plugin": "p", "checkpoint": "none",
-              "status": "pass"} for fw in ("b", "a") for fr in ("z", "user-pattern", "y")]
+              "clip": "clip", "status": "pass"} for fw in ("b", "a") for fr in ("z", "user-pattern", "y")]
     report = {"environments": {"one": {"axes": {"framework": ["a", "b"], "freeze": ["y", "z"]}},
                                "two": {"axes": {"framework": ["c", "a"]}}}, "cells": cells}
     order = grid.axis_order(report)

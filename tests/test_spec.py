@@ -181,3 +181,25 @@ def test_a_pattern_may_say_that_a_stack_may_refuse_it(tmp_path):
     assert loaded.patterns["none"].may_refuse and not loaded.patterns["embedding"].may_refuse
     with pytest.raises(spec.SpecError, match=r"freeze\.none\.may_refuse must be true or false"):
         spec.load(write(tmp_path, GOOD.replace("[freeze.none]", '[freeze.none]\nmay_refuse = "yes"')))
+
+
+def test_clip_is_an_optional_axis_of_known_values(tmp_path):
+    assert spec.load(write(tmp_path, GOOD)).frameworks["torch"].axes["clip"] == ("clip",)  # unsaid: every cell clips
+    both = spec.load(write(tmp_path, GOOD + 'clip = ["clip", "no-clip"]\n'))
+    assert both.frameworks["torch"].axes["clip"] == ("clip", "no-clip") and both.values("clip") == ["clip", "no-clip"]
+    path = write(tmp_path, GOOD + 'clip = ["off"]\n')
+    with pytest.raises(spec.SpecError, match=rf"^{path}:\d+: framework torch: clip 'off' is not one of clip, no-clip$"):
+        spec.load(path)
+
+
+def test_every_framework_of_the_default_matrix_runs_without_clipping_where_the_path_differs():
+    from pytest_freezecompat.spec.plan import Selection, plan
+
+    loaded = spec.load()
+    cells = plan(loaded, Selection({}), world_size=2, device="cpu", importable=lambda module: None)
+    for framework in loaded.frameworks:
+        unclipped = {c.key.freeze for c in cells if c.key.framework == framework and c.key.clip == "no-clip"}
+        assert {"none", "embedding", "all-but-last"} <= unclipped <= {"none", "embedding", "all-but-last",
+                                                                       "unused-branch"}, framework
+    assert all(c.hyper.max_norm == 0 and not c.hyper.clips for c in cells if c.key.clip == "no-clip")
+    assert all(c.hyper.clips for c in cells if c.key.clip == "clip")

@@ -3,7 +3,8 @@
 Stacks differ in two ways the loop knows about: who picks the batch (the adapter's
 `forward_backward(step)`: a local batch, or a pipeline's microbatches) and whether clipping
 is a call of its own or happens inside `step()` with the stack's `max_norm` (`clips_in_step`:
-the norm is read after the step). A framework that owns the loop (Composer's Trainer)
+the norm is read after the step). A `no-clip` cell (`hyper.max_norm == 0`) makes neither call: the
+stack's clipping path is not taken at all. A framework that owns the loop (Composer's Trainer)
 drives the same `StepProbes` from its callbacks.
 """
 
@@ -65,17 +66,18 @@ class StepProbes:
 def train(ctx: RunContext, loop: Loop) -> None:
     """`ctx.cell.hyper.steps` steps of zero_grad, forward/backward, clip, step, probed at fixed points."""
     probes = StepProbes(ctx.probe, loop.view)
+    clips = ctx.cell.hyper.clips
     probes.wrapped()
     for step in range(ctx.cell.hyper.steps):
         probes.forward(step)
         loop.zero_grad()
         loop.forward_backward(step)
         probes.backward_done(step)
-        if not loop.clips_in_step:
+        if clips and not loop.clips_in_step:
             probes.clipping(step)
             probes.clipped(step, *loop.clip(ctx.cell.hyper.max_norm))
         probes.optimizer_step(step)
         loop.step()
-        if loop.clips_in_step:
+        if clips and loop.clips_in_step:
             probes.clipped(step, *loop.norm_after_step())
         probes.stepped(step)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .freeze import FreezePattern
-from .names import ID_SEPARATOR, KEY_AXES
+from .names import ID_SEPARATOR, KEY_AXES, LATER_AXES
 
 
 @dataclass(frozen=True, order=True)
@@ -21,10 +21,13 @@ class CellKey:
     init: str
     checkpoint: str
     freeze: str
+    clip: str = LATER_AXES["clip"]
 
     @property
     def id(self) -> str:
-        return ID_SEPARATOR.join(getattr(self, axis) for axis in KEY_AXES)
+        """`model/framework/plugin/init/checkpoint/freeze`, then `/no-clip` where the cell does not clip."""
+        shown = (getattr(self, axis) for axis in KEY_AXES if getattr(self, axis) != LATER_AXES.get(axis))
+        return ID_SEPARATOR.join(shown)
 
     def as_dict(self) -> dict[str, str]:
         return {axis: getattr(self, axis) for axis in KEY_AXES}
@@ -33,7 +36,7 @@ class CellKey:
     def parse(cls, cell_id: str) -> CellKey:
         """The inverse of `id`; a ValueError names what is wrong."""
         parts = cell_id.split(ID_SEPARATOR)
-        if len(parts) != len(KEY_AXES):
+        if len(parts) not in (len(KEY_AXES) - len(LATER_AXES), len(KEY_AXES)):
             raise ValueError(f"cell id {cell_id!r} is not {ID_SEPARATOR.join(KEY_AXES)}")
         return cls(*parts)
 
@@ -46,10 +49,15 @@ class Hyper:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
+    #: 0 turns clipping off (the cell's `clip` axis is `no-clip`), as ColossalAI, Megatron and DeepSpeed spell it.
     max_norm: float = 1.0
     steps: int = 2
     seed: int = 1234
     batch_per_rank: int = 2
+
+    @property
+    def clips(self) -> bool:
+        return self.max_norm > 0
 
 
 @dataclass(frozen=True)

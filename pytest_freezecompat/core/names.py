@@ -10,8 +10,14 @@ from typing import Any
 
 #: An axis value, pattern id, case name or registry id: lowercase letters, digits and '-'.
 VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-#: The axes of a cell's key, in the order of its id (`model/framework/plugin/init/checkpoint/freeze`).
-KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze")
+#: The axes of a cell's key, in the order of its id (`model/framework/plugin/init/checkpoint/freeze[/clip]`).
+KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze", "clip")
+#: Axes added after reports were first published, with the value every older cell had: an id leaves such an axis
+#: out at that value (ids, `-k` filters and registry links stay what they were), and an older row gets it.
+LATER_AXES = {"clip": "clip"}
+#: `clip`: clip every step at the cell's max norm through the stack's own API, or never clip (a stack may take
+#: another path without it: Gemini's l2-norm assertion fires only inside clipping).
+CLIP_VALUES = ("clip", "no-clip")
 #: Axes whose values a user's `@freeze_case` adds (its model's name, its patterns), known only once collected.
 USER_AXES = ("model", "freeze")
 ID_SEPARATOR = "/"

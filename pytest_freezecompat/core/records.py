@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .cell import CellKey
+from .names import LATER_AXES
 
 #: The error type a rank records when a user's `@freeze_case` function breaks its contract (their code: it
 #: says nothing about the stack, like our own harness raising).
@@ -179,6 +180,14 @@ class CellRecord:
             if data[optional] is None:
                 del data[optional]
         return data
+
+
+def with_later_axes(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` (in place) with every axis added after it was written, at the one value it had then (`LATER_AXES`:
+    every cell clipped); readers of report rows that may predate an axis pass them through this first."""
+    for axis, value in LATER_AXES.items():
+        row.setdefault(axis, value)
+    return row
 
 
 def display_status(cell: dict[str, Any]) -> str:

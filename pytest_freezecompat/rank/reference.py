@@ -9,6 +9,7 @@ between the two is the precision's own spread, which the verdict turns into its 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +73,9 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
         if compute_dtype is not None:
             for name, master in masters.items():
                 master.grad = None if grads[name] is None else grads[name].clone()
-        norm = float(torch.nn.utils.clip_grad_norm_([p for p in masters.values() if p.grad is not None], h.max_norm))
+        # Without clipping the norm is still measured (an infinite max norm scales nothing) for the record.
+        norm = float(torch.nn.utils.clip_grad_norm_([p for p in masters.values() if p.grad is not None],
+                                                    h.max_norm if h.clips else math.inf))
         if optimizer is not None:
             optimizer.step()
         if compute_dtype is not None:

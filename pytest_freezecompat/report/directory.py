@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.records import with_later_axes
 from . import schema, write
 
 JOURNALS = "journal"
@@ -149,7 +150,7 @@ class ReportDirectory:
                         # Only rows a report may hold: one damaged line must not make matrix.json unreadable.
                         if "cell" in entry and schema.cell_problem(row := entry["cell"]) is None:
                             if row.get("finished_at", "") >= cells.get(row["id"], {}).get("finished_at", ""):
-                                cells[row["id"]] = row
+                                cells[row["id"]] = with_later_axes(row)
                         elif type(entry.get("environment")) is str and type(entry.get("info")) is dict:
                             environments[entry["environment"]] = entry["info"]
                         else:

@@ -1,7 +1,7 @@
 """The grid that `matrix.md` and `matrix.html` both draw, built once so the two cannot place a cell differently.
 
-Per framework: blocks (model, init mode), rows (freeze patterns), columns (plugins), and in each table
-cell one slot per checkpoint mode. Cells are found by their key fields, never by re-formatting an id.
+Per framework: blocks (model, init mode, clipping), rows (freeze patterns), columns (plugins), and in each
+table cell one slot per checkpoint mode. Cells are found by their key fields, never by re-formatting an id.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / n
               "stack": "the stack fails the same way with nothing frozen",
               "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
               "harness": "our own harness (or a user's freeze_case function) raised: says nothing about the stack"}
-_KEY_FIELDS = ("framework", "model", "init", "freeze", "plugin", "checkpoint")
+_KEY_FIELDS = ("framework", "model", "init", "clip", "freeze", "plugin", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Row:
 class Block:
     model: str
     init: str
+    clip: str
     rows: tuple[Row, ...]
 
 
@@ -115,11 +116,14 @@ def _section(framework: str, cells: list[Cell], order: Order | None) -> Section:
     blocks = []
     for model in distinct(cells, "model", order):
         for init in distinct((c for c in cells if c["model"] == model), "init", order):
-            freezes = distinct((c for c in cells if c["model"] == model and c["init"] == init), "freeze", order)
-            rows = tuple(Row(freeze, tuple(
-                Column(plugin, tuple(index.get((framework, model, init, freeze, plugin, ck)) for ck in checkpoints))
-                for plugin in plugins)) for freeze in freezes)
-            blocks.append(Block(model, init, rows))
+            for clip in distinct((c for c in cells if c["model"] == model and c["init"] == init), "clip", order):
+                freezes = distinct((c for c in cells if (c["model"], c["init"], c["clip"]) == (model, init, clip)),
+                                   "freeze", order)
+                rows = tuple(Row(freeze, tuple(
+                    Column(plugin, tuple(index.get((framework, model, init, clip, freeze, plugin, ck))
+                                         for ck in checkpoints))
+                    for plugin in plugins)) for freeze in freezes)
+                blocks.append(Block(model, init, clip, rows))
     causes = Counter(cell["cause"] for cell in cells if cell.get("cause"))
     return Section(framework, plugins, checkpoints, tuple(blocks), _counts(cells), causes, len(cells),
                    _grad_access(cells))

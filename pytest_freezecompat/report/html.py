@@ -22,8 +22,8 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from ..core.names import clip
-from ..core.records import FAILING, STATUSES, display_status
+from ..core.names import LATER_AXES, clip
+from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid
 
 #: Raw status -> glyph. The glyph always shows the raw status; colour shows the display status.
@@ -46,7 +46,7 @@ NOTE_IDS = 4
 #: t text (tail, by line), r command line (by argument), k known-issue entry, [x] list of shape x, x shape x.
 SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
     "cell": (("id", "s"), ("model", "s"), ("framework", "s"), ("plugin", "s"), ("init", "s"), ("checkpoint", "s"),
-             ("freeze", "s"), ("environment", "s"), ("status", "s"), ("display", "s"), ("cause", "s"),
+             ("freeze", "s"), ("clip", "s"), ("environment", "s"), ("status", "s"), ("display", "s"), ("cause", "s"),
              ("check", "s"), ("emulation", "v"), ("precision", "s"), ("world_size", "v"), ("duration_s", "v"),
              ("grad_access", "s"), ("grad_norm_source", "s"), ("message", "s"), ("notes", "S"),
              ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]")),
@@ -164,7 +164,8 @@ def _section(section: grid.Section, index: dict[str, int], plugin_index: dict[st
     cells = [c for block in section.blocks for row in block.rows for col in row.columns for c in col.slots if c]
     everywhere = _emulated(cells)
     columns = {p: not everywhere and _emulated([c for c in cells if c["plugin"] == p]) for p in section.plugins}
-    blocks = [{"model": block.model, "init": block.init, "rows": [
+    blocks = [{"model": block.model, "init": block.init,
+               "clip": None if block.clip == LATER_AXES["clip"] else block.clip, "rows": [
         {"freeze": row.freeze, "slots": [
             {"p": plugin_index[col.plugin], "first": k == 0,
              "square": cell and _square(cell, index[cell["id"]], not everywhere and not columns[col.plugin])}
@@ -235,7 +236,7 @@ def _environments(environments: dict[str, Any]) -> list[dict[str, Any]]:
 
 def render(report: dict[str, Any]) -> str:
     """The page for `report` (matrix.json's content), self-contained and linear in size in its cells."""
-    cells = report["cells"]
+    cells = [with_later_axes(cell) for cell in report["cells"]]
     order = grid.axis_order(report)
     sections = grid.sections(cells, order)
     plugins = grid.distinct(cells, "plugin", order)
@@ -243,7 +244,8 @@ def render(report: dict[str, Any]) -> str:
     index = {cell["id"]: k for k, cell in enumerate(cells)}
     present = [s for s in grid.DISPLAY_STATUSES if any(s in section.counts for section in sections)]
     filters = {"framework": [s.framework for s in sections], "plugin": plugins,
-               "freeze": grid.distinct(cells, "freeze", order), "status": present,
+               "freeze": grid.distinct(cells, "freeze", order), "clip": grid.distinct(cells, "clip", order),
+               "status": present,
                "cause": [c for c in grid.CAUSES if any(s.causes[c] for s in sections)]}
     views = [_section(section, index, plugin_index) for section in sections]
     ids = Counter(view["id"] for view in views)

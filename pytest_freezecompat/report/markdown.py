@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from ..core.names import clip
-from ..core.records import FAILING, STATUSES, display_status
+from ..core.names import LATER_AXES, clip
+from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid
 
 Cell = grid.Cell
@@ -288,7 +288,8 @@ def _grids(section: grid.Section) -> list[str]:
     if everywhere:
         lines += ["", f"Every plugin here ran behind the CUDA-on-CPU shim ({EMULATION_MARK}), so no cell is marked."]
     for block in section.blocks:
-        lines += ["", f"#### {block.model} · init `{_inline(block.init)}`", *(["", key] if key else [])]
+        clipping = "" if block.clip == LATER_AXES["clip"] else f" · `{_inline(block.clip)}` (never clipped)"
+        lines += ["", f"#### {block.model} · init `{_inline(block.init)}`{clipping}", *(["", key] if key else [])]
         opened = False
         for slot, checkpoint in enumerate(section.checkpoints):
             table, cells = _table(section, block, slot, labels)
@@ -304,9 +305,9 @@ def _grids(section: grid.Section) -> list[str]:
 
 
 def _where(cells: list[Cell], section_cells: list[Cell]) -> str:
-    """`plugin a, b · freeze c · checkpoint reentrant`: model, init and checkpoint only where not all of them."""
+    """`plugin a, b · freeze c · checkpoint reentrant`: model, init, checkpoint and clip only where not all of them."""
     parts = []
-    for field in ("plugin", "freeze", "model", "init", "checkpoint"):
+    for field in ("plugin", "freeze", "model", "init", "checkpoint", "clip"):
         values, every = grid.distinct(cells, field), grid.distinct(section_cells, field)
         if len(values) < len(every):
             parts.append(f"{field} {', '.join(map(_inline, values))}")
@@ -366,7 +367,7 @@ def _known_issues(cells: list[Cell]) -> list[str]:
 
 def render(report: dict[str, Any]) -> str:
     """matrix.md for `report` (matrix.json's content)."""
-    cells = report["cells"]
+    cells = [with_later_axes(cell) for cell in report["cells"]]
     sections = grid.sections(cells, grid.axis_order(report))
     out = ["# Freeze compatibility matrix", "",
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "

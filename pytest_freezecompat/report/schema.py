@@ -14,7 +14,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from ..core.records import STATUSES
+from ..core.names import LATER_AXES
+from ..core.records import STATUSES, with_later_axes
 
 SCHEMA = 1
 
@@ -64,7 +65,8 @@ CELL = Table(
               "emulated": (STRINGS, "null"), "pool_start_s": ("number", "null"), "raised_in": STRING_OR_NULL,
               "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null"),
               "finished_at": "string", "rendezvous_retries": "integer",
-              "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean"})
+              "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean",
+              **dict.fromkeys(LATER_AXES, "string")})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's
 #: values in the matrix file's order, so tables follow the file rather than the order cells happened to run in.
@@ -217,4 +219,5 @@ def load(path: str | Path) -> dict[str, Any]:
         label = f"cell {cell_id}" if type(cell_id) is str and cell_id.isprintable() else f"cells[{index}]"
         if problem := cell_problem(cell):
             raise ReportError(f"{path}: corrupt report ({label}: {problem})")
+        with_later_axes(cell)
     return data

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.declaration import AdapterDeclaration, DeclarationError, load_declaration
 from ..core.freeze import FreezePattern
-from ..core.names import ALL_GROUP, VALUE_RE
+from ..core.names import ALL_GROUP, CLIP_VALUES, LATER_AXES, VALUE_RE
 from .environments import Environment, merge_environment
 
 if sys.version_info >= (3, 11):
@@ -56,7 +56,7 @@ class Framework:
     adapter: str  # the adapter package, whose `DECLARATION` says what it offers
     declaration: AdapterDeclaration
     import_name: str
-    axes: dict[str, tuple[str, ...]]  # model, plugin, init, checkpoint, freeze
+    axes: dict[str, tuple[str, ...]]  # model, plugin, init, checkpoint, freeze, clip
     environment: str
     rules: tuple[Rule, ...]
     where: str
@@ -223,7 +223,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
     return patterns
 
 
-FRAMEWORK_KEYS = {"framework", "adapter", "import", "models", "plugins", "init", "checkpoint", "freeze",
+FRAMEWORK_KEYS = {"framework", "adapter", "import", "models", "plugins", "init", "checkpoint", "freeze", "clip",
                   "environment", "rule", "user_models"}
 
 
@@ -274,7 +274,13 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
             "plugin": _axis_values(src, body["plugins"], f"{name}.plugins"),
             "init": _axis_values(src, body["init"], f"{name}.init"),
             "checkpoint": _axis_values(src, body["checkpoint"], f"{name}.checkpoint"),
-            "freeze": _axis_values(src, body["freeze"], f"{name}.freeze")}
+            "freeze": _axis_values(src, body["freeze"], f"{name}.freeze"),
+            # Optional: a framework file that does not say clips every cell, as every cell did before the axis.
+            "clip": _axis_values(src, body.get("clip", [LATER_AXES["clip"]]), f"{name}.clip")}
+    unknown_clip = [v for v in axes["clip"] if v not in CLIP_VALUES]
+    if unknown_clip:
+        raise src.error(f"framework {name}: clip {unknown_clip[0]!r} is not one of {', '.join(CLIP_VALUES)}",
+                        unknown_clip[0])
     adapter = str(body["adapter"])
     try:
         declaration = load_declaration(adapter)

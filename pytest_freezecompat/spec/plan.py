@@ -12,9 +12,9 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..core.cell import Cell, CellKey, UserModel
+from ..core.cell import Cell, CellKey, Hyper, UserModel
 from ..core.freeze import FreezePattern
-from ..core.names import KEY_AXES, USER_AXES
+from ..core.names import KEY_AXES, LATER_AXES, USER_AXES
 from .matrix import Framework, Rule, Spec
 
 
@@ -84,9 +84,9 @@ def why_not_importable(module: str) -> str | None:
 def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]], world_size: int, device: str,
                      missing: str | None, user: UserCase | None = None) -> Iterable[Cell]:
     patterns = user.patterns if user else spec.patterns
-    for model, plugin, init, checkpoint, freeze in itertools.product(
-            *(axes[a] for a in ("model", "plugin", "init", "checkpoint", "freeze"))):
-        key = CellKey(model, fw.name, plugin, init, checkpoint, freeze)
+    for model, plugin, init, checkpoint, freeze, clip in itertools.product(
+            *(axes[a] for a in ("model", "plugin", "init", "checkpoint", "freeze", "clip"))):
+        key = CellKey(model, fw.name, plugin, init, checkpoint, freeze, clip)
         effects: dict[str, object] = {}
         options: dict[str, object] = {}
         for rule in fw.rules:
@@ -106,7 +106,8 @@ def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]]
                    shim=fw.declaration.emulation if emulation else None,
                    options=options, skip=str(skip) if skip else None,
                    known_issue=str(effects["known_issue"]) if "known_issue" in effects else None,
-                   user_model=user.model if user else None, tolerance=dict(user.tolerance) if user else {})
+                   user_model=user.model if user else None, tolerance=dict(user.tolerance) if user else {},
+                   hyper=Hyper() if clip == LATER_AXES["clip"] else Hyper(max_norm=0.0))
 
 
 def plan(spec: Spec, selection: Selection, *, world_size: int, device: str, environment: str | None = None,
@@ -135,6 +136,7 @@ class UserCase:
     plugins: tuple[str, ...] | None = None
     init: tuple[str, ...] | None = None
     checkpoint: tuple[str, ...] | None = None
+    clip: tuple[str, ...] | None = (LATER_AXES["clip"],)  # a case clips unless it asks for `no-clip` too
     tolerance: dict[str, float] = field(default_factory=dict)
 
 
@@ -145,7 +147,8 @@ def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, envi
     for axis, wanted, offered in (("framework", case.frameworks, [fw.name for fw in takers]),
                                   ("plugin", case.plugins, [p for fw in takers for p in fw.axes["plugin"]]),
                                   ("init", case.init, [i for fw in takers for i in fw.axes["init"]]),
-                                  ("checkpoint", case.checkpoint, [c for fw in takers for c in fw.axes["checkpoint"]])):
+                                  ("checkpoint", case.checkpoint, [c for fw in takers for c in fw.axes["checkpoint"]]),
+                                  ("clip", case.clip, [c for fw in takers for c in fw.axes["clip"]])):
         unknown = sorted(set(wanted or ()) - set(offered))
         if unknown:
             raise SelectionError(f"unknown {axis} {unknown[0]!r} for user models; valid: "
@@ -155,7 +158,8 @@ def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, envi
         if (case.frameworks and fw.name not in case.frameworks) or (environment and fw.environment != environment):
             continue
         axes = {"model": (case.name,), "freeze": tuple(case.patterns)}
-        for axis, wanted in (("plugin", case.plugins), ("init", case.init), ("checkpoint", case.checkpoint)):
+        for axis, wanted in (("plugin", case.plugins), ("init", case.init), ("checkpoint", case.checkpoint),
+                             ("clip", case.clip)):
             axes[axis] = tuple(v for v in fw.axes[axis] if wanted is None or v in wanted)
         cells.extend(_framework_cells(spec, fw, axes, world_size, device, importable(fw.import_name), case))
     return cells

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.records import FAILING
+from ..core.records import FAILING, with_later_axes
 
 CAUSES = ("freeze", "stack", "both", "harness")
 CONTROL = "none"
 FREEZE_CHECKS = ("requires_grad", "optimizer")
-_COLUMN = ("model", "framework", "plugin", "init", "checkpoint")
+_COLUMN = ("model", "framework", "plugin", "init", "checkpoint", "clip")
 
 Row = dict[str, Any]
 
@@ -65,6 +65,7 @@ def cause_of(row: Row, control: Row | None) -> str | None:
 
 def assign(rows: list[Row]) -> list[Row]:
     """Set each row's `cause` (in place; `harness`, decided by the verdict, is kept); returns the rows."""
+    rows = [with_later_axes(row) for row in rows]
     controls = {tuple(r[f] for f in _COLUMN): r for r in rows if r["freeze"] == CONTROL}
     for row in rows:
         cause = cause_of(row, controls.get(tuple(row[f] for f in _COLUMN)))

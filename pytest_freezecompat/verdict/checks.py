@@ -110,6 +110,8 @@ class CheckFailure:
     #: What the named params are: held (by the pattern), no-grad (trainable, the reference gives none),
     #: trained, or mixed; None when it names none. Registry entries predict it.
     params_kind: str | None = None
+    #: grads: the factor of `Problem.scale` at the first step that failed; a later step starts from params that
+    #: already moved differently (unclipped, a grad twice as large moves AdamW's params by a hair more).
     scale: float | None = None
     ranks_combine: str | None = None
 
@@ -302,10 +304,11 @@ def _same(values: list[Any]) -> Any:
 
 
 def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = False,
-                  tolerance: dict[str, float] | None = None, lr: float = 1e-2) -> Verdict:
+                  tolerance: dict[str, float] | None = None, lr: float = 1e-2, clips: bool = True) -> Verdict:
     """Verdict for a cell whose ranks all replied; `tolerance` overrides fields of the precision's.
 
     `may_refuse`: the freeze pattern leaves nothing to train, so an error before the first step passes.
+    `clips`: False for a `no-clip` cell, which has no clip norm to compare (grads and updates still are).
     """
     errors = sorted((r.error for r in records if r.error is not None), key=lambda e: e.at)
     if errors:
@@ -347,7 +350,7 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
                 quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
         for check, problem in (("grads", _check_grads(step, got.grads or {}, ref.grads or {}, tol, room, notes)),
                                ("grad_norm", _check_norm(step, got, [_norm_at(r, step) for r in records], ref.norm,
-                                                         tol, room, notes)),
+                                                         tol, room, notes) if clips else None),
                                ("update", _check_update(step, got.params or {}, ref.params or {}, before, tol,
                                                         room, quiet, lr))):
             if problem:
@@ -367,7 +370,7 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         params = tuple(sorted({p for _, problem in mine for p in problem.params}))
         by_check[check] = CheckFailure(
             check, mine[0][0], " | ".join(problem.text for _, problem in mine), params, bool(held & set(params)),
-            _params_kind(params, held, no_grad), _same([problem.scale for _, problem in mine]),
+            _params_kind(params, held, no_grad), mine[0][1].scale,
             _same([problem.ranks_combine for _, problem in mine]))
     first = next(iter(by_check.values()))
     return Verdict(Status.FAIL, first.check, first.message, notes, list(by_check.values()))
@@ -378,7 +381,7 @@ def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:
     may_refuse, lr = cell.pattern.may_refuse, cell.hyper.lr
     if run.outcome is Outcome.DONE:
         return judge_records([s.record for s in run.ranks if s.record is not None], cell.precision, may_refuse,
-                             cell.tolerance, lr)
+                             cell.tolerance, lr, cell.hyper.clips)
     if run.outcome is Outcome.TIMEOUT:
         phases = "; ".join(f"rank {s.rank}: {s.phase}" for s in run.ranks)
         return Verdict(Status.TIMEOUT, None, f"no result within {timeout_s:.0f} s ({phases})",

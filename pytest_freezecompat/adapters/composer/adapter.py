@@ -138,9 +138,10 @@ class _NormTap:
 class _Probes(Callback):
     """The probe's fixed points at the Trainer's events (one microbatch per batch)."""
 
-    def __init__(self, probes: StepProbes, tap: _NormTap) -> None:
+    def __init__(self, probes: StepProbes, tap: _NormTap, clips: bool) -> None:
         self.probes = probes
         self.tap = tap
+        self.clips = clips
         self.step = 0
 
     def before_forward(self, state: State, logger: Logger) -> None:
@@ -148,11 +149,13 @@ class _Probes(Callback):
 
     def after_backward(self, state: State, logger: Logger) -> None:
         self.probes.backward_done(self.step)
-        self.probes.clipping(self.step)
+        if self.clips:
+            self.probes.clipping(self.step)
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
         # Algorithms run before callbacks on an event: GradientClipping has clipped by now.
-        self.probes.clipped(self.step, *self.tap.take())
+        if self.clips:
+            self.probes.clipped(self.step, *self.tap.take())
         self.probes.optimizer_step(self.step)
 
     def batch_end(self, state: State, logger: Logger) -> None:
@@ -168,7 +171,7 @@ def _trainer(ctx: RunContext, shell: _Shell, optimizer: torch.optim.Optimizer | 
         model=shell, train_dataloader=[ctx.local_batch(step) for step in range(hyper.steps)],
         max_duration=f"{hyper.steps}ba", device_train_microbatch_size=hyper.batch_per_rank,
         optimizers=optimizer, parallelism_config=parallelism,
-        algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=hyper.max_norm)],
+        algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=hyper.max_norm)] if hyper.clips else [],
         device="gpu" if ctx.device.type == "cuda" else "cpu", seed=hyper.seed,
         loggers=[], progress_bar=False, log_to_console=False, save_folder=None, autoresume=False,
     )
@@ -216,7 +219,7 @@ class ComposerAdapter(AdapterBase):
                 if default_optimizer and ctx.rank == 0:
                     ctx.probe.note(f"optimizers=None: the Trainer built {type(trainer.state.optimizers[0]).__name__}")
                 probes.wrapped()
-                trainer.state.callbacks.append(_Probes(probes, tap))
+                trainer.state.callbacks.append(_Probes(probes, tap, ctx.cell.hyper.clips))
                 with tap.installed():
                     trainer.fit()
             trainer.close()

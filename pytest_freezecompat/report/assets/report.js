@@ -38,7 +38,7 @@
   function label(c) {
     let t = c.id + ': ' + c.status + (c.check ? ' [' + c.check + ']' : '');
     if (c.display !== c.status) t += ' (' + c.display + ': ' + c.known_issue.id + ')';
-    t += ' · checkpoint ' + c.checkpoint;
+    t += ' · checkpoint ' + c.checkpoint + (c.clip === 'clip' ? '' : ' · ' + c.clip);
     if (c.emulation) t += ' · emulated';
     if (c.cause) t += ' · cause: ' + c.cause;
     return t;
@@ -57,7 +57,7 @@
   }
   function matches(c, w) {
     return (!w.framework || c.framework === w.framework) && (!w.plugin || c.plugin === w.plugin)
-      && (!w.freeze || c.freeze === w.freeze) && (!w.status || c.display === w.status || c.status === w.status)
+      && (!w.freeze || c.freeze === w.freeze) && (!w.clip || c.clip === w.clip) && (!w.status || c.display === w.status || c.status === w.status)
       && (!w.cause || c.cause === w.cause);
   }
   function summarize(shown, w) {
@@ -131,7 +131,7 @@
     if (c.check) line.append(el('span', 'failed check: ' + c.check));
     body.append(line);
     const dl = el('dl', undefined, 'facts');
-    ['model', 'framework', 'plugin', 'init', 'checkpoint', 'freeze', 'environment', 'precision', 'world_size']
+    ['model', 'framework', 'plugin', 'init', 'checkpoint', 'freeze', 'clip', 'environment', 'precision', 'world_size']
       .forEach(k => add(dl, k, c[k]));
     const emulated = [];
     c.rank_details.forEach(r => r.emulated.forEach(x => { if (!emulated.includes(x)) emulated.push(x); }));
