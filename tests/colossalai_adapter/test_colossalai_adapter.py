@@ -38,6 +38,18 @@ CPU = torch.device("cpu")
 
 
 
+def _cells(select: str) -> dict[str, Any]:
+    spec = load()
+    device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
+    return {c.id.split("/", 2)[2]: c for c in plan(spec, Selection.parse(select, spec), world_size=2, device=device,
+                                                    environment="colossalai")}
+
+
+def _cell(plugin: str) -> Any:
+    return _cells(f"framework=colossalai,plugin={plugin},init=eager,checkpoint=none,freeze=none,clip=clip")[
+        f"{plugin}/eager/none/none"]
+
+
 @CPU_ONLY
 def test_shim_engages_only_inside_and_restores_everything() -> None:
     accelerator, probe = get_accelerator(), ShimProbe()
@@ -45,7 +57,7 @@ def test_shim_engages_only_inside_and_restores_everything() -> None:
     original_configure = TorchFSDPPlugin.__dict__["configure"]
     with pytest.raises(RuntimeError, match="not supported for cpu accelerator"):
         accelerator.current_stream()
-    with SHIM.apply(None, probe, CPU):
+    with SHIM.apply(_cell("low-level-zero-1"), probe, CPU):
         with accelerator.stream(accelerator.current_stream()):
             pass
         assert LowLevelZeroOptimizer._sanity_checks is not original_check
@@ -59,9 +71,43 @@ def test_shim_engages_only_inside_and_restores_everything() -> None:
 
 
 @CPU_ONLY
+def test_gemini_gets_its_own_patches_each_reported_where_it_engages_and_all_undone() -> None:
+    """Host memory plays the GPU (a CPU accelerator named cuda on cpu:0; chunk code's device-type tests), the
+    Adam kernels become their arithmetic in torch; nothing of Gemini's freeze logic is replaced."""
+    from colossalai.accelerator import api
+    from colossalai.nn.optimizer import HybridAdam
+    from colossalai.zero.gemini.chunk import Chunk, ChunkManager
+    from colossalai.zero.gemini.gemini_ddp import GeminiDDP
+    from colossalai.zero.gemini.gemini_optimizer import GeminiOptimizer
+
+    untouched = {(GeminiDDP, name): GeminiDDP.__dict__[name] for name in
+                 ("_preprocess_param", "_init_chunks", "grad_handle", "_post_backward", "_pre_backward")}
+    untouched |= {(GeminiOptimizer, name): GeminiOptimizer.__dict__[name]
+                  for name in ("_set_grad_ptr", "_calc_global_norm", "zero_grad")}
+    owners = (Chunk, ChunkManager, HybridAdam, GeminiOptimizer)
+    before = {owner: dict(owner.__dict__) for owner in owners}
+    accelerator, probe = get_accelerator(), ShimProbe()
+    sanity_checks = LowLevelZeroOptimizer.__dict__["_sanity_checks"]
+    with SHIM.apply(_cell("gemini"), probe, CPU):
+        emulated = get_accelerator()
+        assert emulated is not accelerator and emulated.name == "cuda"
+        assert emulated.get_current_device() == torch.device("cpu", 0) != torch.device("cpu")
+        # the other plugins' patches are not installed for a Gemini cell
+        assert LowLevelZeroOptimizer.__dict__["_sanity_checks"] is sanity_checks
+        assert "stream" not in accelerator.__dict__
+    assert any(what.startswith("colossalai accelerator: CPU named 'cuda'") for what in probe.emulated_patches)
+    assert api._ACCELERATOR is accelerator and accelerator.name == "cpu"
+    assert {owner: dict(owner.__dict__) for owner in owners} == before
+    assert all(owner.__dict__[name] is original for (owner, name), original in untouched.items())
+    with SHIM.apply(_cell("low-level-zero-1"), ShimProbe(), CPU):
+        assert get_accelerator() is accelerator  # a non-Gemini cell gets none of Gemini's patches
+
+
+@CPU_ONLY
 def test_emulation_follows_the_cell_shim() -> None:
     for shim in (None, SHIM):
-        ctx: Any = type("Ctx", (), {"probe": ShimProbe(), "device": CPU, "cell": None, "shim": shim})()
+        ctx: Any = type("Ctx", (), {"probe": ShimProbe(), "device": CPU, "cell": _cell("low-level-zero-1"),
+                                    "shim": shim})()
         with RunContext.emulation(ctx):
             assert ("stream" in get_accelerator().__dict__) == (shim is not None)
     assert "stream" not in get_accelerator().__dict__
@@ -107,7 +153,7 @@ def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
     """ZeRO hides grads: after booster.backward, param.grad is None; optimizer.get_param_grad has the grad."""
     frozen = ("tok_emb", "pos_emb")
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    with SHIM.apply(None, ShimProbe(), CPU):
+    with SHIM.apply(_cell("low-level-zero-1"), ShimProbe(), CPU):
         booster, model, optimizer, view = _boost("low-level-zero-1", frozen)
         booster.backward(models.loss_fn(model(tokens), tokens), optimizer)
         assert all(p.grad is None for p in model.unwrap().parameters())
@@ -123,7 +169,7 @@ def test_low_level_zero_grads_live_in_the_optimizer_not_in_param_grad() -> None:
 @CPU_ONLY
 @pytest.mark.usefixtures("one_rank_group")
 def test_zero_master_shards_map_back_to_the_params_the_user_chose() -> None:
-    with SHIM.apply(None, ShimProbe(), CPU):
+    with SHIM.apply(_cell("low-level-zero-2"), ShimProbe(), CPU):
         _, model, _, view = _boost("low-level-zero-2", frozen=(), optimized=("blocks.2.", "head."))
     names = [n for n, _ in model.unwrap().named_parameters()]
     assert view.tracked_names() == {n for n in names if n.startswith(("blocks.2.", "head."))}
@@ -160,26 +206,16 @@ def rank_pool() -> Iterator[pool.RankPool]:
         ranks.shutdown()  # ranks and their folder
 
 
-def _cells(select: str) -> dict[str, Any]:
-    spec = load()
-    device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
-    return {c.id.split("/", 2)[2]: c for c in plan(spec, Selection.parse(select, spec), world_size=2, device=device,
-                                                    environment="colossalai")}
-
-
 @CPU_ONLY
 def test_real_two_rank_slice(rank_pool: pool.RankPool) -> None:
     """A few cells that tell the ColossalAI story, run for real: statuses and the facts behind them."""
     cells = _cells("framework=colossalai,plugin=torch-ddp-find-unused,plugin=low-level-zero-1,plugin=torch-fsdp,"
-                   "plugin=gemini,init=eager,freeze=embedding")
+                   "init=eager,freeze=embedding")
     wanted = {"low-level-zero-1/eager/none/embedding": "pass", "low-level-zero-1/eager/reentrant/embedding": "fail",
               "torch-ddp-find-unused/eager/non-reentrant/embedding": "pass",
-              "torch-fsdp/eager/none/embedding": "error", "gemini/eager/none/embedding": "skip"}
+              "torch-fsdp/eager/none/embedding": "error"}
     for cell_id, status in wanted.items():
         cell = cells[cell_id]
-        if cell.skip:
-            assert status == "skip" and "needs CUDA" in cell.skip
-            continue
         run = rank_pool.run(cell, timeout_s=120)
         verdict = checks.judge(run, cell, 120)
         assert verdict.status == status, (cell_id, verdict.message)
@@ -201,3 +237,28 @@ def test_lazy_ddp_boost_is_a_crash_the_pool_survives(rank_pool: pool.RankPool) -
     assert any("SIGSEGV" in (r.exit or "") for r in crashed.ranks)
     after = rank_pool.run(cells["torch-ddp/eager/none/none"], timeout_s=120)
     assert checks.judge(after, cells["torch-ddp/eager/none/none"], 120).status == "pass"
+
+
+@CPU_ONLY
+def test_real_two_rank_gemini_slice(rank_pool: pool.RankPool) -> None:
+    """Gemini behind the shim: controls match the reference with and without clipping, a frozen embedding
+    trains (C1 is fixed in 0.5.0), and the unused branch shows the symptom its chunk layout decides (C6)."""
+    cells = _cells("framework=colossalai,plugin=gemini,plugin=gemini-split-chunks,init=eager,checkpoint=none,"
+                   "freeze=none,freeze=embedding,freeze=unused-branch")
+    wanted = {"gemini/eager/none/none": ("pass", ""), "gemini/eager/none/none/no-clip": ("pass", ""),
+              "gemini/eager/none/embedding": ("pass", ""),
+              "gemini/eager/none/unused-branch": ("error", "synchronization of gradients doesn't exit properly"),
+              "gemini-split-chunks/eager/none/unused-branch": ("error", "assert grad_chunk.l2_norm is not None"),
+              # without clipping the assert never runs: the branch's chunk, never reduced, is stepped anyway
+              "gemini-split-chunks/eager/none/unused-branch/no-clip": ("fail", "param that must stay fixed changed")}
+    for cell_id, (status, text) in wanted.items():
+        cell = cells[cell_id]
+        assert cell.emulation and cell.precision == "bf16"
+        run = rank_pool.run(cell, timeout_s=120)
+        verdict = checks.judge(run, cell, 120)
+        assert verdict.status == status and text in verdict.message + "".join(
+            s.record.error.traceback for s in run.ranks if s.record and s.record.error), (cell_id, verdict.message)
+        lead = run.ranks[0].record
+        assert "colossalai accelerator: CPU named 'cuda'" in " ".join(lead.emulated)
+        if status == "pass":
+            assert "get_temp_total_chunk_on_cuda" in lead.grad_access

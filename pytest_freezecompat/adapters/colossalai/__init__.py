@@ -4,6 +4,7 @@ from ...core.declaration import AdapterDeclaration
 
 DECLARATION = AdapterDeclaration(
     plugins=("torch-ddp", "torch-ddp-find-unused", "torch-fsdp", "low-level-zero-1", "low-level-zero-2", "gemini",
+             "gemini-auto", "gemini-split-chunks",
              "hybrid-parallel", "hybrid-parallel-zero-1"),
     init=("eager", "lazy", "lazy-materialize"),
     checkpoint=("none", "reentrant", "non-reentrant"),

@@ -103,43 +103,67 @@ def fsdp_view(model: Any, optimizer: Any) -> FSDP1View:
 
 
 class GeminiView(PlainView):
-    """Gemini keeps params and grads in chunks; the optimizer holds per-rank "fake" params."""
+    """Gemini keeps the params it trains in chunks (bf16 params and grads, fp32 masters in paired chunks) and
+    ignores frozen ones (plain bf16 params outside any chunk). Read as `GeminiDDP.state_dict` reads chunks:
+    `get_temp_total_chunk_on_cuda` gathers a chunk's shards into a temporary tensor and leaves its state alone
+    (a collective per chunk, in `fp16_params` order on every rank)."""
 
-    grad_access = ("in Gemini's chunks: chunk_manager.get_chunk(p) (the fp16 chunk holds grads when "
-                   "reuse_fp16_chunk, else .grad_chunk), gathered with chunk_manager.access_chunk")
+    grad_access = ("in Gemini's chunks: chunk_manager.get_chunk(p) (the param's own bf16 chunk holds its grad "
+                   "after backward under reuse_fp16_chunk, else .grad_chunk), gathered with "
+                   "colossalai.zero.gemini.utils.get_temp_total_chunk_on_cuda; only params with "
+                   "p._gemini_reduced have one (param.grad is None)")
 
     def tracked_names(self) -> set[str]:
-        optimizer = self.optimizers[0]
+        """Real params the optimizer holds a master (fake) param for, on any rank: a rank's fake params cover
+        only the chunks it owns a shard of."""
+        from colossalai.utils import is_ddp_ignored
+
         by_id = {id(p): n for n, p in self.named_parameters().items()}
-        real = optimizer.id_to_real_params
-        return {by_id[id(real[pid])] for pid in optimizer.id_to_fake_params}
+        optimizer = self.optimizers[0]
+        return {by_id[id(p)] for p in optimizer.id_to_real_params.values() if not is_ddp_ignored(p)}
+
+    def _gathered(self, tensors: list[tuple[str, Any, Any]]) -> dict[str, torch.Tensor]:
+        """(name, tensor in a chunk, chunk) -> that tensor's full value in fp32, one gather per chunk."""
+        from colossalai.zero.gemini.utils import get_temp_total_chunk_on_cuda
+
+        totals: dict[int, torch.Tensor] = {}
+        values = {}
+        for name, tensor, chunk in tensors:
+            if id(chunk) not in totals:
+                totals[id(chunk)] = get_temp_total_chunk_on_cuda(chunk, torch.float32).clone()
+            info = chunk.tensors_info[tensor]
+            values[name] = totals[id(chunk)][info.offset:info.end].view(tensor.shape).cpu()
+        return values
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        state = self.model.state_dict(only_rank_0=False)  # collective
-        return {n: state[n].detach().clone() for n in self.named_parameters()}
+        """fp32 masters (the paired fp32 chunks), not the bf16 copies `state_dict()` returns; frozen params as
+        Gemini keeps them (cast to the compute dtype, outside any chunk)."""
+        model, manager = self.model, self.model.chunk_manager
+        names = {id(p): n for n, p in self.named_parameters().items()}
+        masters = self._gathered([(names[id(p)], fp32, manager.get_chunk(fp32))
+                                  for p, fp32 in zip(model.fp16_params, model.fp32_params)])
+        return {n: masters[n] if n in masters else p.detach().float().cpu().clone()
+                for n, p in self.named_parameters().items()}
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
-        """Gather each grad chunk, read the param's slice, scatter it back (as ColossalAI's own tests do)."""
-        manager = self.model.chunk_manager
-        accessed: list[tuple[Any, torch.device]] = []
+        from colossalai.utils import is_ddp_ignored
+
+        model, manager = self.model, self.model.chunk_manager
+        names = {id(p): n for n, p in self.named_parameters().items()}
+        chunked = []
+        for p in model.fp16_params:
+            chunk = manager.get_chunk(p)
+            chunked.append((names[id(p)], p, chunk if manager.reuse_fp16_chunk else chunk.grad_chunk))
+        # A chunk without a grad chunk still gathers (every rank calls the same collectives).
+        gathered = self._gathered([entry for entry in chunked if entry[2] is not None])
         grads: dict[str, torch.Tensor | None] = {}
-        for name, param in self.named_parameters().items():  # collective: same order on every rank
-            if param.requires_grad is False or param not in manager.tensor_chunk_map:
-                grads[name] = None if param.grad is None else param.grad.detach().clone()
-                continue
-            chunk = manager.get_chunk(param)
-            grad_chunk = chunk if manager.reuse_fp16_chunk else chunk.grad_chunk
-            if grad_chunk is None:
-                grads[name] = None
-                continue
-            if all(grad_chunk is not c for c, _ in accessed):
-                manager.access_chunk(grad_chunk)
-                accessed.append((grad_chunk, self.model.grads_device[param]))
-            info = grad_chunk.tensors_info[param]
-            grads[name] = grad_chunk.cuda_global_chunk[info.offset:info.end].view(param.shape).detach().clone()
-        for grad_chunk, device in accessed:
-            manager.release_chunk(grad_chunk)
-            manager.move_chunk(grad_chunk, device, force_copy=True)
+        for name, p, _ in chunked:
+            # `grad_handle` marks a param whose grad it reduced into the chunk; otherwise the slice holds
+            # whatever the chunk held (under reuse_fp16_chunk, the weights themselves).
+            grads[name] = gathered.get(name) if getattr(p, "_gemini_reduced", False) else None
+        for name, p in self.named_parameters().items():
+            if is_ddp_ignored(p) or name not in grads:
+                grads[name] = None if p.grad is None else p.grad.detach().float().clone()
         return grads
 
 
@@ -181,6 +205,17 @@ def _low_level_zero(stage: int) -> PluginFactory:
         "stage": stage, "precision": precision, "max_norm": max_norm, **options})
 
 
+#: Chunks of 12288 elements (ColossalAI's chunk search with no search range): tiny-gpt's 12112 params that train
+#: fill chunk 0, and `unused-branch`'s vision branch lands in a chunk of its own. The plugin's default
+#: (`min_chunk_size_m=32`) puts every trainable param in one chunk, so there the unused branch shares it.
+SPLIT_CHUNKS = {"min_chunk_size_m": 0.0117, "search_range_m": 0}
+
+
+def _gemini(placement: str, **chunking: Any) -> PluginFactory:
+    return lambda precision, max_norm, options: GeminiPlugin(**{
+        "placement_policy": placement, "precision": precision, "max_norm": max_norm, **chunking, **options})
+
+
 def _torch_ddp(find_unused: bool) -> PluginFactory:
     return lambda precision, max_norm, options: TorchDDPPlugin(**{"find_unused_parameters": find_unused,
                                                                   **options})
@@ -195,10 +230,12 @@ PLUGINS: dict[str, PluginSpec] = {
         "flat-param shard; not reduced across ranks)"),
     "low-level-zero-1": PluginSpec(_low_level_zero(1), ZeroView, True, _clipped_in_step("LowLevelZeroOptimizer")),
     "low-level-zero-2": PluginSpec(_low_level_zero(2), ZeroView, True, _clipped_in_step("LowLevelZeroOptimizer")),
-    "gemini": PluginSpec(
-        lambda precision, max_norm, options: GeminiPlugin(**{"precision": precision, "max_norm": max_norm,
-                                                             **options}),
-        GeminiView, True, _clipped_in_step("GeminiOptimizer"), hybrid_adam=True, zero_model_grads=False),
+    "gemini": PluginSpec(_gemini("static"), GeminiView, True, _clipped_in_step("GeminiOptimizer"),
+                         hybrid_adam=True, zero_model_grads=False),
+    "gemini-auto": PluginSpec(_gemini("auto"), GeminiView, True, _clipped_in_step("GeminiOptimizer"),
+                              hybrid_adam=True, zero_model_grads=False),
+    "gemini-split-chunks": PluginSpec(_gemini("static", **SPLIT_CHUNKS), GeminiView, True,
+                                      _clipped_in_step("GeminiOptimizer"), hybrid_adam=True, zero_model_grads=False),
     "hybrid-parallel": PluginSpec(_hybrid(0), PlainView, True, _clipped_in_step("HybridParallelNaiveOptimizer")),
     "hybrid-parallel-zero-1": PluginSpec(_hybrid(1), ZeroView, True,
                                          _clipped_in_step("HybridParallelZeroOptimizer")),
