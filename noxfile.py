@@ -124,6 +124,7 @@ def wheel(session: nox.Session) -> None:
         session.run(sys.executable, "-m", "virtualenv", "-q", str(bare), external=True)
         session.run(str(bare / "bin" / "python"), "-m", "pip", "install", "-q", str(built), external=True)
         session.install(f"{built}[torch]", "torch==2.13.0")
+        session.install("--force-reinstall", "--no-deps", str(built))  # a reused venv holds an older build of 0.1.0
         checks = {"FREEZECOMPAT_WHEEL_DIST": str(dist), "FREEZECOMPAT_BARE_PYTHON": str(bare / "bin" / "python")}
         session.run("pytest", "-p", "no:cacheprovider", "-q", f"--basetemp={work / 'runs'}",
                     str(ROOT / "tests" / "wheel"), env=checks)

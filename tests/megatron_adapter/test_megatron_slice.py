@@ -33,7 +33,7 @@ def pool() -> Iterator[RankPool]:
 
 def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none") -> Cell:
     matrix = spec.load()
-    select = f"framework=megatron,plugin={plugin},init={init},checkpoint={checkpoint},freeze={freeze}"
+    select = f"framework=megatron,plugin={plugin},init={init},checkpoint={checkpoint},freeze={freeze},clip=clip"
     (found,) = plan.plan(matrix, plan.Selection.parse(select, matrix), world_size=2, device="cpu")
     return found
 

@@ -19,7 +19,7 @@ DIST = os.environ.get("FREEZECOMPAT_WHEEL_DIST")
 BARE_PYTHON = os.environ.get("FREEZECOMPAT_BARE_PYTHON")
 pytestmark = pytest.mark.skipif(not (DIST and BARE_PYTHON), reason="run by `nox -s wheel` (a built wheel, fresh venvs)")
 TWO_CELLS = "--freeze-matrix-select=model=tiny-gpt,framework=torch,plugin=ddp,init=eager,checkpoint=none,freeze=none,"\
-            "freeze=embedding"
+            "freeze=embedding,clip=clip"
 
 
 def run(python: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
