@@ -71,6 +71,10 @@ class PlainView(ParamView):
         super().__init__(model.unwrap(unwrap_peft=False), optimizer)
         self.model = model
 
+    def names_by_id(self) -> dict[int, str]:
+        """The bare model's name of each param object (the plugins convert params in place, keeping identity)."""
+        return {id(p): n for n, p in self.named_parameters().items()}
+
 
 class ZeroView(PlainView):
     """LowLevelZero and HybridParallel zero 1: `param.grad` is None after `booster.backward`; the reduced
@@ -83,7 +87,7 @@ class ZeroView(PlainView):
 
     def tracked_names(self) -> set[str]:
         optimizer = self.optimizers[0]
-        by_id = {id(p): n for n, p in self.named_parameters().items()}
+        by_id = self.names_by_id()
         masters = optimizer.get_master_to_working_map()
         return {by_id[id(masters[id(p)])] for group in optimizer.optim.param_groups for p in group["params"]}
 
@@ -118,7 +122,7 @@ class GeminiView(PlainView):
         only the chunks it owns a shard of."""
         from colossalai.utils import is_ddp_ignored
 
-        by_id = {id(p): n for n, p in self.named_parameters().items()}
+        by_id = self.names_by_id()
         optimizer = self.optimizers[0]
         return {by_id[id(p)] for p in optimizer.id_to_real_params.values() if not is_ddp_ignored(p)}
 
@@ -139,17 +143,15 @@ class GeminiView(PlainView):
         """fp32 masters (the paired fp32 chunks), not the bf16 copies `state_dict()` returns; frozen params as
         Gemini keeps them (cast to the compute dtype, outside any chunk)."""
         model, manager = self.model, self.model.chunk_manager
-        names = {id(p): n for n, p in self.named_parameters().items()}
+        names = self.names_by_id()
         masters = self._gathered([(names[id(p)], fp32, manager.get_chunk(fp32))
                                   for p, fp32 in zip(model.fp16_params, model.fp32_params)])
         return {n: masters[n] if n in masters else p.detach().float().cpu().clone()
                 for n, p in self.named_parameters().items()}
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
-        from colossalai.utils import is_ddp_ignored
-
         model, manager = self.model, self.model.chunk_manager
-        names = {id(p): n for n, p in self.named_parameters().items()}
+        names = self.names_by_id()
         chunked = []
         for p in model.fp16_params:
             chunk = manager.get_chunk(p)
@@ -162,7 +164,7 @@ class GeminiView(PlainView):
             # whatever the chunk held (under reuse_fp16_chunk, the weights themselves).
             grads[name] = gathered.get(name) if getattr(p, "_gemini_reduced", False) else None
         for name, p in self.named_parameters().items():
-            if is_ddp_ignored(p) or name not in grads:
+            if name not in grads:  # ignored by Gemini (frozen): a plain param outside any chunk
                 grads[name] = None if p.grad is None else p.grad.detach().float().clone()
         return grads
 
