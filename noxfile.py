@@ -94,13 +94,15 @@ def _matrix_session(name: str, pins: list[str]) -> None:
 def _tests_session(name: str, pins: list[str], frameworks: list[str]) -> None:
     @nox.session(name=f"tests-{name}", tags=["tests"], venv_backend="none")
     def tests(session: nox.Session) -> None:
+        # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
+        # would import as an empty namespace package wherever the framework is not installed.
+        paths = [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
+        if name != "torch" and not paths:
+            session.skip(f"no adapter tests for {', '.join(frameworks)}: its release runs in the matrix only")
         env = Environment(session, name, pins)
         if name == "torch":  # the engine's own tests run once, in the torch environment
             env.run("ruff", "check", ".")
             env.run("pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
-        # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
-        # would import as an empty namespace package wherever the framework is not installed.
-        paths = [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
         if paths:
             env.run("pytest", *paths, *session.posargs)
         env.drop_if_asked()
@@ -139,8 +141,10 @@ def report(session: nox.Session) -> None:
     session.install(".")  # no torch: the report tools need none
     if not shards:  # e.g. `nox -t matrix --install-only`; a failed matrix session has failed the run already
         session.skip("no shard to merge yet: run `nox -t matrix` (or a matrix-<env> session) first")
+    bisections = PUBLISHED / "bisections.json"  # written by `freezecompat bisect --record`
     session.run("freezecompat", "merge", *shards, "-o", str(PUBLISHED),
-                "--known-issues", str(ROOT / "matrix" / "known_issues.toml"))
+                "--known-issues", str(ROOT / "matrix" / "known_issues.toml"),
+                *(["--bisections", str(bisections)] if bisections.exists() else []))
     for env in environments():  # each environment's exact versions, beside the table they produced
         frozen = SHARDS / env / "pip-freeze.txt"
         if frozen.exists():

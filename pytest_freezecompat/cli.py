@@ -2,11 +2,14 @@
 
   freezecompat merge SHARD... -o DIR [--known-issues FILE]   one report from the shards of several environments
   freezecompat diff OLD.json NEW.json                        cells whose status changed; exit 1 on a regression
+  freezecompat bisect --framework FW --select AXIS=V,... --good R --bad R
+                                                             the first release where those cells change status
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -42,6 +45,11 @@ def _merge(args: argparse.Namespace) -> int:
     report = merge(shards)
     if args.known_issues:
         known_issues.annotate(report, known_issues.load(args.known_issues))
+    if args.bisections:
+        try:
+            report["bisections"] = json.loads(Path(args.bisections).read_text())
+        except (OSError, ValueError) as exc:
+            raise schema.ReportError(f"{args.bisections}: cannot read the bisections ({exc})") from None
     cause.assign(report["cells"])  # controls may sit in another shard
     try:
         write.write(output, report)
@@ -58,6 +66,44 @@ def _diff(args: argparse.Namespace) -> int:
     return REGRESSION_EXIT if any(c.regression for c in changes) else 0
 
 
+def _bisect(args: argparse.Namespace) -> int:
+    import subprocess  # only this command reaches the package index and builds environments
+
+    from . import bisect
+    from .spec.matrix import SpecError, load
+
+    try:
+        spec = load(args.spec)
+    except SpecError as exc:
+        raise bisect.BisectError(str(exc)) from None
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        raise bisect.BisectError("bisect installs this package into each release's environment from its source "
+                                 "checkout; run it from a clone of pytest-freezecompat")
+    if args.framework not in spec.frameworks:
+        raise bisect.BisectError(f"unknown framework {args.framework!r}; valid: {', '.join(spec.frameworks)}")
+    package = spec.frameworks[args.framework].package
+    listing = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package], capture_output=True,
+                             text=True, check=False)
+    if listing.returncode != 0:
+        raise bisect.BisectError(f"pip index versions {package}: {listing.stderr.strip().splitlines()[-1:]}")
+    select = args.select
+    if "/" in select:  # a cell id: every axis but the release, which the bisection varies
+        try:
+            key = bisect.CellKey.parse(select)
+        except ValueError as exc:
+            raise bisect.BisectError(str(exc)) from None
+        select = ",".join(part for part in key.selection().split(",") if not part.startswith("release="))
+    found = bisect.bisect(spec, args.framework, select, args.good, args.bad, root=root,
+                          envs=Path(args.envs) if args.envs else root / ".nox", listing=listing.stdout,
+                          report=lambda line: print(line, flush=True))
+    print("\n".join(bisect.summary(found)))
+    if args.record:
+        bisect.record(found, Path(args.record))
+        print(f"recorded in {args.record}")
+    return 0 if found.first_changed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freezecompat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,15 +115,33 @@ def main(argv: list[str] | None = None) -> int:
     merge_cmd.add_argument("-o", "--output", required=True, help="directory for matrix.json, matrix.md, matrix.html")
     merge_cmd.add_argument("--known-issues", metavar="FILE",
                            help="re-match every cell against this known-issue registry (e.g. matrix/known_issues.toml)")
+    merge_cmd.add_argument("--bisections", metavar="FILE",
+                           help="bisections recorded by `freezecompat bisect --record` (the reports place fixes "
+                                "by them)")
     merge_cmd.set_defaults(func=_merge)
     diff_cmd = commands.add_parser("diff", help="list cells whose status changed; exit 1 on a regression")
     diff_cmd.add_argument("old", help="the last published matrix.json")
     diff_cmd.add_argument("new", help="this run's matrix.json")
     diff_cmd.set_defaults(func=_diff)
+    bisect_cmd = commands.add_parser("bisect", help="the first release of a framework where selected cells change "
+                                                    "status (builds an environment per probed release)")
+    bisect_cmd.add_argument("--framework", required=True)
+    bisect_cmd.add_argument("--select", default="", metavar="AXIS=VALUE,...",
+                            help="the cells, as --freeze-matrix-select takes them, or one cell's id")
+    bisect_cmd.add_argument("--good", required=True, metavar="RELEASE")
+    bisect_cmd.add_argument("--bad", required=True, metavar="RELEASE")
+    bisect_cmd.add_argument("--spec", default=None, metavar="FILE", help="matrix file (default: the packaged one)")
+    bisect_cmd.add_argument("--envs", default=None, metavar="DIR",
+                            help="where environments are found and built (default: the checkout's .nox)")
+    bisect_cmd.add_argument("--record", default=None, metavar="FILE",
+                            help="add the result to this JSON list (reports/bisections.json: the reports show it)")
+    bisect_cmd.set_defaults(func=_bisect)
     args = parser.parse_args(argv)
+    from .bisect import BisectError
+
     try:
         return args.func(args)
-    except (schema.ReportError, known_issues.KnownIssueError) as exc:
+    except (schema.ReportError, known_issues.KnownIssueError, BisectError) as exc:
         print(f"freezecompat: {exc}", file=sys.stderr)
         return USAGE_EXIT
 

@@ -79,9 +79,10 @@ def _start_run(config: pytest.Config, options: settings.Options) -> MatrixRun:
     _check_writable(options, config)
     try:
         spec = load(options.spec_path)
-        if options.environment is not None and options.environment not in spec.environments:
+        if options.environment is not None and not any(fw.release_in(options.environment)
+                                                       for fw in spec.frameworks.values()):
             raise SelectionError(f"--freeze-matrix-environment: unknown environment {options.environment!r}; "
-                                 f"valid: {', '.join(spec.environments)}")
+                                 f"valid: {', '.join(spec.environments)}, or <framework>@<release>")
         return MatrixRun(spec, options)
     except (SpecError, SelectionError, KnownIssueError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -106,7 +107,7 @@ class MatrixItem(pytest.Item):
         super().__init__(**kwargs)
         self.cell = cell
         self.run = run
-        self.extra_keyword_matches.update(cell.key.as_dict().values())
+        self.extra_keyword_matches.update(filter(None, cell.key.as_dict().values()))
         self.add_marker(pytest.mark.freeze_matrix)
         self.record: dict[str, Any] | None = None
         if cell.skip:
@@ -259,7 +260,7 @@ class MatrixSession:
             if name in missing:
                 versions.append(f"{name} not importable")
             else:
-                info = run.environment(run.spec.frameworks[name].environment)
+                info = run.environment(next(c.environment for c in run.cells if c.key.framework == name))
                 versions.append(f"{name} {info['frameworks'].get(name) or '?'}")
         lines.append(f"freeze-matrix stacks: torch {schema.distribution_version('torch') or '?'}; frameworks: "
                      f"{', '.join(versions) or 'none'}")

@@ -11,7 +11,7 @@ KEY = CellKey("tiny-gpt", "torch", "fsdp2", "eager", "none", "embedding")
 def test_a_cell_id_parses_back_into_its_key():
     assert KEY.id == "tiny-gpt/torch/fsdp2/eager/none/embedding"
     assert CellKey.parse(KEY.id) == KEY
-    with pytest.raises(ValueError, match="is not model/framework/plugin/init/checkpoint/freeze"):
+    with pytest.raises(ValueError, match=r"is not model/framework\[@release\]/plugin/init/checkpoint/freeze"):
         CellKey.parse("tiny-gpt/torch")
 
 
@@ -35,3 +35,13 @@ def test_a_report_row_written_before_the_clip_axis_held_a_clipped_cell():
 
     assert with_later_axes({"id": KEY.id})["clip"] == "clip"
     assert with_later_axes({"id": "x", "clip": "no-clip"})["clip"] == "no-clip"
+
+
+def test_the_release_shares_the_framework_segment_and_an_unrecorded_one_is_left_out():
+    old = CellKey("tiny-gpt", "composer", "fsdp1", "eager", "none", "optimizer-subset", "no-clip", "0.23.5")
+    assert old.id == "tiny-gpt/composer@0.23.5/fsdp1/eager/none/optimizer-subset/no-clip"
+    assert CellKey.parse(old.id) == old and CellKey.parse(KEY.id).release == ""
+    assert old.across_releases == "tiny-gpt/composer/fsdp1/eager/none/optimizer-subset/no-clip"
+    assert old.selection() == ("model=tiny-gpt,framework=composer,release=0.23.5,plugin=fsdp1,init=eager,"
+                               "checkpoint=none,freeze=optimizer-subset,clip=no-clip")
+    assert "release" not in KEY.selection()

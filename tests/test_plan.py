@@ -93,7 +93,7 @@ def test_selection_repeats_an_axis_for_alternatives(matrix):
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("frame=alpha", "unknown axis 'frame'; valid: model, framework, plugin, init, checkpoint, freeze"),
+    ("frame=alpha", "unknown axis 'frame'; valid: model, framework, release, plugin, init, checkpoint, freeze"),
     ("plugin=p9", "unknown plugin 'p9'; valid: p1, p2, gem, q"),
     ("plugin", "'plugin' is not axis=value"),
 ])

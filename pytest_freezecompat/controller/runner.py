@@ -47,7 +47,7 @@ def repro_command(cell: Cell, options: Options) -> str:
     """The one-cell command, options written `--opt=value`: a path after a space moves pytest's rootdir
     (pytest#8846)."""
     args = ["pytest", "--freeze-matrix",
-            "--freeze-matrix-select=" + ",".join(f"{axis}={value}" for axis, value in cell.key.as_dict().items())]
+            "--freeze-matrix-select=" + cell.key.selection()]
     if options.spec_path and Path(options.spec_path).resolve() != default_spec_path().resolve():
         args.append(f"--freeze-matrix-spec={options.spec_path}")
     if options.world_size != DEFAULT_WORLD_SIZE:
@@ -103,7 +103,7 @@ class MatrixRun:
     def runs_user_models(self, frameworks: Sequence[str] | None = None) -> bool:
         """Whether any framework here (of those named, if any) trains user models."""
         env = self.options.environment
-        return any(fw.user_models and env in (None, fw.environment) and (not frameworks or fw.name in frameworks)
+        return any(fw.user_models and (env is None or fw.release_in(env)) and (not frameworks or fw.name in frameworks)
                    for fw in self.spec.frameworks.values())
 
     def missing_frameworks(self) -> dict[str, str]:
@@ -193,7 +193,7 @@ class MatrixRun:
     def environment(self, name: str) -> dict[str, Any]:
         """Versions of an environment's stack, as this process sees them (cached: metadata scans are slow)."""
         if name not in self._environment_info:
-            frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.environment == name}
+            frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.release_in(name)}
             axes = {axis: self.spec.values(axis) for axis in KEY_AXES}
             self._environment_info[name] = schema.environment_info(
                 frameworks, self.device, self.backend, axes=axes,

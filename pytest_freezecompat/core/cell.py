@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .freeze import FreezePattern
-from .names import ID_SEPARATOR, KEY_AXES, LATER_AXES
+from .names import ID_SEPARATOR, KEY_AXES, LATER_AXES, RELEASE_SEPARATOR
+
+#: The id's segments: the release shares the framework's (`composer@0.23.5`), the clip is shown only as `no-clip`.
+_SEGMENTS = ("model", "framework", "plugin", "init", "checkpoint", "freeze", "clip")
 
 
 @dataclass(frozen=True, order=True)
@@ -22,23 +25,39 @@ class CellKey:
     checkpoint: str
     freeze: str
     clip: str = LATER_AXES["clip"]
+    #: The framework's version in the cell's environment: the same cell on two releases is two cells.
+    release: str = LATER_AXES["release"]
 
     @property
     def id(self) -> str:
-        """`model/framework/plugin/init/checkpoint/freeze`, then `/no-clip` where the cell does not clip."""
-        shown = (getattr(self, axis) for axis in KEY_AXES if getattr(self, axis) != LATER_AXES.get(axis))
-        return ID_SEPARATOR.join(shown)
+        """`model/framework@release/plugin/init/checkpoint/freeze`, then `/no-clip` where the cell does not clip."""
+        values = self.as_dict()
+        if self.release:
+            values["framework"] += RELEASE_SEPARATOR + self.release
+        return ID_SEPARATOR.join(values[axis] for axis in _SEGMENTS if values[axis] != LATER_AXES.get(axis))
+
+    @property
+    def across_releases(self) -> str:
+        """The id without the release: what the same cell is called on every release of its framework."""
+        return CellKey(**{**self.as_dict(), "release": ""}).id
 
     def as_dict(self) -> dict[str, str]:
         return {axis: getattr(self, axis) for axis in KEY_AXES}
+
+    def selection(self) -> str:
+        """`axis=value,...` for `--freeze-matrix-select`: exactly this cell (an unrecorded release is left out)."""
+        return ",".join(f"{axis}={value}" for axis, value in self.as_dict().items() if value)
 
     @classmethod
     def parse(cls, cell_id: str) -> CellKey:
         """The inverse of `id`; a ValueError names what is wrong."""
         parts = cell_id.split(ID_SEPARATOR)
-        if len(parts) not in (len(KEY_AXES) - len(LATER_AXES), len(KEY_AXES)):
-            raise ValueError(f"cell id {cell_id!r} is not {ID_SEPARATOR.join(KEY_AXES)}")
-        return cls(*parts)
+        if len(parts) not in (len(_SEGMENTS) - 1, len(_SEGMENTS)):
+            raise ValueError(f"cell id {cell_id!r} is not model/framework[@release]/plugin/init/checkpoint/freeze"
+                             "[/no-clip]")
+        values = dict(zip(_SEGMENTS, parts))
+        values["framework"], _, values["release"] = values["framework"].partition(RELEASE_SEPARATOR)
+        return cls(**values)
 
 
 @dataclass(frozen=True)

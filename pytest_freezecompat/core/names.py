@@ -10,11 +10,14 @@ from typing import Any
 
 #: An axis value, pattern id, case name or registry id: lowercase letters, digits and '-'.
 VALUE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-#: The axes of a cell's key, in the order of its id (`model/framework/plugin/init/checkpoint/freeze[/clip]`).
-KEY_AXES = ("model", "framework", "plugin", "init", "checkpoint", "freeze", "clip")
+#: The axes of a cell's key, in the order of its id (`model/framework@release/plugin/init/checkpoint/freeze[/clip]`).
+KEY_AXES = ("model", "framework", "release", "plugin", "init", "checkpoint", "freeze", "clip")
 #: Axes added after reports were first published, with the value every older cell had: an id leaves such an axis
 #: out at that value (ids, `-k` filters and registry links stay what they were), and an older row gets it.
-LATER_AXES = {"clip": "clip"}
+#: `release` is the framework's version in the cell's environment ("": not recorded, as in reports before #17).
+LATER_AXES = {"clip": "clip", "release": ""}
+#: Joins a framework and its release in an id's second segment: `composer@0.23.5`.
+RELEASE_SEPARATOR = "@"
 #: `clip`: clip every step at the cell's max norm through the stack's own API, or never clip (a stack may take
 #: another path without it: Gemini's l2-norm assertion fires only inside clipping).
 CLIP_VALUES = ("clip", "no-clip")

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from ..core.records import STATUSES, display_status
 
 Cell = dict[str, Any]
@@ -127,6 +129,25 @@ def _section(framework: str, cells: list[Cell], order: Order | None) -> Section:
     causes = Counter(cell["cause"] for cell in cells if cell.get("cause"))
     return Section(framework, plugins, checkpoints, tuple(blocks), _counts(cells), causes, len(cells),
                    _grad_access(cells))
+
+
+def by_release(cells: list[Cell], order: Order) -> tuple[list[Cell], Order]:
+    """Cells as the grids show them: a framework run on several releases is a section per release, so each cell's
+    `framework` becomes `composer@0.23.5` (in copies); the order: the matrix file's frameworks, newest release first."""
+    shown = [{**cell, "framework": f"{cell['framework']}@{cell['release']}"} if cell.get("release") else cell
+             for cell in cells]
+    rank = {fw: k for k, fw in enumerate(order.get("framework", ()))}
+
+    def place(label: str) -> tuple[int, str, int, Version | str]:
+        framework, _, release = label.partition("@")
+        try:
+            return rank.get(framework, len(rank)), framework, 0, Version(release)
+        except InvalidVersion:
+            return rank.get(framework, len(rank)), framework, 1, release
+
+    ascending = sorted(dict.fromkeys(c["framework"] for c in shown), key=place)
+    ranked = sorted(ascending, key=lambda label: (place(label)[:2], -ascending.index(label)))
+    return shown, {**order, "framework": ranked}
 
 
 def sections(cells: list[Cell], order: Order | None = None) -> list[Section]:

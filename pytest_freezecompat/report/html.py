@@ -236,8 +236,8 @@ def _environments(environments: dict[str, Any]) -> list[dict[str, Any]]:
 
 def render(report: dict[str, Any]) -> str:
     """The page for `report` (matrix.json's content), self-contained and linear in size in its cells."""
-    cells = [with_later_axes(cell) for cell in report["cells"]]
-    order = grid.axis_order(report)
+    rows = [with_later_axes(cell) for cell in report["cells"]]
+    cells, order = grid.by_release(rows, grid.axis_order(report))
     sections = grid.sections(cells, order)
     plugins = grid.distinct(cells, "plugin", order)
     plugin_index = {p: k for k, p in enumerate(plugins)}

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.names import LATER_AXES, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
-from . import grid
+from . import grid, releases
 
 Cell = grid.Cell
 SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱️", "crash": "☠️", "skip": "⏭️"}
@@ -360,15 +360,50 @@ def _known_issues(cells: list[Cell]) -> list[str]:
         where = "; ".join(f"{_inline(fw)}: " + ", ".join(map(_inline, grid.distinct(
             [c for c in mine if c["framework"] == fw], "plugin"))) for fw in grid.distinct(mine, "framework"))
         links = _links(known)
+        fixed = ", ".join(f"{name} {release}" for name, release in (known.get("fixed_in") or {}).items())
+        narrow = sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine)
         lines.append(f"- **{_inline(issue_id)}** ({_issue_tally(mine)}) — {where} — {_inline(known.get('summary', ''))}"
-                     + (f" — {links}" if links else ""))
+                     + (f" — **fixed in {_inline(fixed)}**" if fixed else "")
+                     + (f" — ⚠ range too narrow: {narrow} red cells outside its versions fail as it describes"
+                        if narrow else "") + (f" — {links}" if links else ""))
+    return lines
+
+
+#: Rows of the across-releases table per framework in matrix.md (matrix.json and matrix.html hold them all).
+RELEASE_ROWS = 80
+
+
+def _across_releases(rows: list[Cell], bisections: list[dict[str, Any]]) -> list[str]:
+    """Per framework run on several releases: the cells whose status changes, and where the runs place it."""
+    tables = releases.across_releases(rows, bisections)
+    if not tables:
+        return []
+    lines = ["", "## Across releases", "",
+             "The same cell (its id without the release) on every release the matrix ran; only cells whose status "
+             "changes between releases are listed. \"fixed in X (bisected)\": `freezecompat bisect` ran the "
+             "releases between and found X first; else the runs place the change between two releases."]
+    for table in tables:
+        shown = table.changes[:RELEASE_ROWS]
+        lines += ["", f"### {_inline(table.framework)}: {' → '.join(map(_inline, table.releases))}", "",
+                  f"{table.cells} cells ran on every release; {len(table.changes)} change status.", ""]
+        if not shown:
+            continue
+        lines += ["| cell | " + " | ".join(map(_inline, table.releases)) + " | change | known issue |",
+                  "|---" * (len(table.releases) + 3) + "|"]
+        for change in shown:
+            lines.append(f"| `{_inline(change.cell)}` | " + " | ".join(change.statuses.get(r, "—")
+                                                                      for r in table.releases)
+                         + f" | {_inline(change.label)} | {_inline(change.known_issue or '')} |")
+        if len(table.changes) > len(shown):
+            lines.append(f"\n… and {len(table.changes) - len(shown)} more (matrix.html lists them all).")
     return lines
 
 
 def render(report: dict[str, Any]) -> str:
     """matrix.md for `report` (matrix.json's content)."""
-    cells = [with_later_axes(cell) for cell in report["cells"]]
-    sections = grid.sections(cells, grid.axis_order(report))
+    rows = [with_later_axes(cell) for cell in report["cells"]]
+    cells, order = grid.by_release(rows, grid.axis_order(report))
+    sections = grid.sections(cells, order)
     out = ["# Freeze compatibility matrix", "",
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
@@ -384,4 +419,5 @@ def render(report: dict[str, Any]) -> str:
             "a known issue explains are counted under [Known issues](#known-issues)."]
     for section in sections:
         out += _notes(section)
+    out += _across_releases(rows, report.get("bisections") or [])
     return "\n".join([*out, *_known_issues(cells)]) + "\n"

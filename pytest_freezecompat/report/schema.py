@@ -49,7 +49,8 @@ STRINGS = ListOf("string")
 STRING_OR_NULL = ("string", "null")
 KNOWN_ISSUE = Table(required={"id": "string"},
                     optional={"link": "string", "links": STRINGS, "summary": "string", "expected": "boolean",
-                              "fixed": "boolean"})
+                              "fixed": "boolean", "range_too_narrow": "boolean", "versions": Table(),
+                              "fixed_in": Table()})
 FAILURE = Table(required={"check": "string", "params": STRINGS},
                 optional={"step": "integer", "message": "string", "on_held_params": "boolean",
                           "params_kind": STRING_OR_NULL, "scale": ("number", "null"), "ranks_combine": STRING_OR_NULL})

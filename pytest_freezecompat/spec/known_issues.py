@@ -12,6 +12,7 @@ pure: the runner calls `match` per cell, `freezecompat merge --known-issues` cal
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
 from collections.abc import Iterable
@@ -26,10 +27,12 @@ from ..core.names import CHECKS, KEY_AXES, USER_AXES, VALUE_RE
 from ..core.records import FAILING
 from .matrix import DEVICES, Spec, default_spec_path, listing, tomllib, unselectable
 
-#: What a selector may name: the cell's key axes, and the device of its environment.
-SELECTOR_KEYS = (*KEY_AXES, "device")
+#: What a selector may name: the cell's key axes, and the device of its environment. Not the release: an entry's
+#: `versions` says which releases it applies to, and the runs check that range.
+SELECTOR_AXES = tuple(axis for axis in KEY_AXES if axis != "release")
+SELECTOR_KEYS = (*SELECTOR_AXES, "device")
 REQUIRED = ("id", "summary", "links", "when", "versions", "status", "pattern")
-OPTIONAL = ("check", "predicts")
+OPTIONAL = ("check", "predicts", "fixed_in")
 #: What an entry may predict of the failures it explains, and the values each prediction takes:
 #:   raised_in      error/crash/timeout: "wrapping" (before the first step) or "training"
 #:   params         fail: what the failed check's params are: "held" by the pattern (frozen, or left out
@@ -56,6 +59,9 @@ class Entry:
     pattern: re.Pattern[str]
     check: str | None
     predicts: dict[str, str]
+    #: The release that fixed it, per package (`{"composer": "0.24.0"}`): outside `versions`, and the matrix runs a
+    #: release on each side, so the fix is shown by runs, not only stated.
+    fixed_in: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
         """A user's cell is selected by the stack alone (framework, plugin, init, checkpoint, device): its model
@@ -65,7 +71,8 @@ class Entry:
     def closeness(self, cell: dict[str, Any], environment: dict[str, Any]) -> tuple[bool, int] | None:
         """None if the entry does not select the cell, else how closely: whether a selector names the cell's model
         and pattern too, then how many stack axes it names (a user cell's entries are tried closest first)."""
-        fields = {**{axis: str(cell.get(axis, "")) for axis in KEY_AXES}, "device": str(environment.get("device", ""))}
+        fields = {**{axis: str(cell.get(axis, "")) for axis in SELECTOR_AXES},
+                  "device": str(environment.get("device", ""))}
 
         def holds(keys: Iterable[str], when: dict[str, tuple[str, ...]]) -> bool:
             return all(any(fnmatch.fnmatchcase(fields[key], pat) for pat in when[key]) for key in keys)
@@ -86,6 +93,11 @@ class Entry:
                 return False
         return True
 
+    def outside_range(self, environment: dict[str, Any]) -> bool:
+        """True when every named package's version here is known and one is outside the entry's specifiers."""
+        known = all(_version(name, environment) is not None for name in self.versions)
+        return known and not self.applies_to(environment)
+
     def explains(self, cell: dict[str, Any]) -> bool:
         if cell["status"] not in self.statuses or (self.check and cell.get("check") != self.check):
             return False
@@ -104,7 +116,9 @@ class Entry:
         return "ranks_combine" not in self.predicts or failure.get("ranks_combine") == self.predicts["ranks_combine"]
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.id, "link": self.links[0], "links": list(self.links), "summary": self.summary}
+        described = {"id": self.id, "link": self.links[0], "links": list(self.links), "summary": self.summary,
+                     "versions": {name: str(spec) for name, spec in self.versions.items()}}
+        return {**described, "fixed_in": dict(self.fixed_in)} if self.fixed_in else described
 
 
 @dataclass(frozen=True)
@@ -166,7 +180,7 @@ def _check_entry(path: Path, entry: Entry, spec: Spec) -> None:
         names = when.get("framework", ("*",))
         chosen = [fw for fw in spec.frameworks.values() if any(fnmatch.fnmatchcase(fw.name, p) for p in names)]
         valid = {"framework": list(spec.frameworks),
-                 **{axis: list(dict.fromkeys(v for fw in chosen for v in fw.axes[axis])) for axis in KEY_AXES
+                 **{axis: list(dict.fromkeys(v for fw in chosen for v in fw.axes[axis])) for axis in SELECTOR_AXES
                     if axis != "framework"}}
         axes = sorted((k for k in when if k != "device"), key=lambda k: k != "framework")  # framework says the rest
         found = unselectable({k: when[k] for k in axes}, valid, any(fw.user_models for fw in chosen))
@@ -247,9 +261,21 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
             raise error("predicts", f"unknown prediction {key!r}; valid: {', '.join(PREDICTIONS)}")
         if value not in PREDICTIONS[key]:
             raise error("predicts", f"{key} must be one of {', '.join(PREDICTIONS[key])}, not {value!r}")
+    fixed_in = body.get("fixed_in", {})
+    if not isinstance(fixed_in, dict) or not all(isinstance(v, str) for v in fixed_in.values()):
+        raise error("fixed_in", "must be a table of package = \"release\"")
+    for package, release in fixed_in.items():
+        if package not in versions:
+            raise error("fixed_in", f"{package}: not among the entry's versions ({', '.join(versions)})")
+        try:
+            inside = versions[package].contains(Version(release), prereleases=True)
+        except InvalidVersion:
+            raise error("fixed_in", f"{package}: {release!r} is not a version") from None
+        if inside:
+            raise error("fixed_in", f"{package} {release} is inside the entry's own range {versions[package]}")
     seen[body["id"]] = index
     return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, pattern, check,
-                 dict(predicts))
+                 dict(predicts), dict(fixed_in))
 
 
 def load(path: str | Path | None = None) -> Registry:
@@ -277,6 +303,8 @@ def match(cell: dict[str, Any], environment: dict[str, Any], registry: Registry)
     - a `skip` cell whose matrix rule named an entry (`rule_known_issue`): that entry's id, link, summary;
     - a failing cell (fail/error/crash/timeout) an applicable entry explains: `expected: True` (shown `known`);
     - a passing cell an applicable entry selects: `fixed: True` (shown `fixed?`);
+    - a failing cell an entry would explain but for its `versions`: `range_too_narrow: True` (still red: the
+      entry's range is wrong, or the cell fails for another reason that looks alike);
     - anything else: None (a failure nobody explains stays red).
     An entry named by a rule is tried first on a failure, whatever its own selector says; a pass is `fixed?`
     only for an entry whose own selector names the cell (a rule may name an entry for a wider set of cells).
@@ -299,6 +327,9 @@ def match(cell: dict[str, Any], environment: dict[str, Any], registry: Registry)
     for entry in selecting:
         if entry.explains(cell):
             return {**entry.describe(), "expected": True}
+    for entry in registry.entries:  # the failure an entry describes, on a release its range leaves out
+        if entry.selects(cell, environment) and entry.outside_range(environment) and entry.explains(cell):
+            return {**entry.describe(), "range_too_narrow": True}
     return None
 
 

@@ -18,9 +18,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from ..core.declaration import AdapterDeclaration, DeclarationError, load_declaration
 from ..core.freeze import FreezePattern
-from ..core.names import ALL_GROUP, CLIP_VALUES, LATER_AXES, VALUE_RE
+from ..core.names import ALL_GROUP, CLIP_VALUES, LATER_AXES, RELEASE_SEPARATOR, VALUE_RE
 from .environments import Environment, merge_environment
 
 if sys.version_info >= (3, 11):
@@ -42,6 +45,28 @@ class SpecError(ValueError):
     """A malformed matrix file; the message is one line: `file:line: what is wrong`."""
 
 
+#: How a rule's `when` names releases: a PEP 440 specifier (`<0.31`) starts with one of these; else a glob.
+SPECIFIER_START = ("<", ">", "=", "!", "~")
+
+
+def release_matches(release: str, pattern: str) -> bool:
+    """`release` (a version) against a rule's release value: a specifier such as `<0.31`, or a glob (`0.23.*`)."""
+    if pattern.startswith(SPECIFIER_START):
+        try:
+            return SpecifierSet(pattern).contains(release, prereleases=True)
+        except InvalidVersion:  # an unrecorded release ("") is inside no range
+            return False
+    return fnmatch.fnmatchcase(release, pattern)
+
+
+def same_release(installed: str, declared: str) -> bool:
+    """Whether an installed version is a declared release (`2.7.1+cu126` is `2.7.1`)."""
+    try:
+        return Version(installed).public == Version(declared).public
+    except InvalidVersion:
+        return installed == declared
+
+
 @dataclass(frozen=True)
 class Rule:
     when: dict[str, tuple[str, ...]]
@@ -51,17 +76,45 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Release:
+    """One release of a framework and the environment that installs it (`environment` may be ad hoc: `fw@1.2`)."""
+
+    version: str  # "" where the framework file names none (a user's own framework file)
+    environment: str
+
+
+@dataclass(frozen=True)
 class Framework:
     name: str
     adapter: str  # the adapter package, whose `DECLARATION` says what it offers
     declaration: AdapterDeclaration
     import_name: str
     axes: dict[str, tuple[str, ...]]  # model, plugin, init, checkpoint, freeze, clip
-    environment: str
+    #: The releases the matrix runs, newest first: each in its own environment (each pins its torch).
+    releases: tuple[Release, ...]
     rules: tuple[Rule, ...]
     where: str
     #: Whether the adapter trains any `nn.Module` a user brings (`freeze_case`), not only its own model.
     user_models: bool = False
+    #: The distribution whose version is the release (`mosaicml` for composer, `megatron-core`).
+    package: str = ""
+    #: Pip requirements (one string a pip call) that build an environment for any release, `{release}` in them
+    #: replaced: how `freezecompat bisect` builds the releases between two the matrix runs.
+    any_release: tuple[str, ...] = ()
+
+    @property
+    def environment(self) -> str:
+        """The environment of the newest release: where this framework's cells run unless one is named."""
+        return self.releases[0].environment
+
+    def release_in(self, environment: str) -> Release | None:
+        """The release an environment runs: a declared one, or an ad hoc `<framework>@<version>` (bisect, a user's
+        own version)."""
+        for release in self.releases:
+            if release.environment == environment:
+                return release
+        name, sep, version = environment.partition(RELEASE_SEPARATOR)
+        return Release(version, environment) if sep and name == self.name and version else None
 
 
 @dataclass(frozen=True)
@@ -76,6 +129,8 @@ class Spec:
         """Every value an axis takes in some framework, in first-seen order."""
         if axis == "framework":
             return list(self.frameworks)
+        if axis == "release":
+            return list(dict.fromkeys(r.version for fw in self.frameworks.values() for r in fw.releases if r.version))
         seen: dict[str, None] = {}
         for fw in self.frameworks.values():
             seen.update(dict.fromkeys(fw.axes[axis]))
@@ -223,8 +278,11 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
     return patterns
 
 
-FRAMEWORK_KEYS = {"framework", "adapter", "import", "models", "plugins", "init", "checkpoint", "freeze", "clip",
-                  "environment", "rule", "user_models"}
+FRAMEWORK_KEYS = {"framework", "adapter", "import", "package", "models", "plugins", "init", "checkpoint", "freeze",
+                  "clip", "environment", "rule", "user_models", "releases"}
+ENVIRONMENT_KEYS = {"name", "release", "install"}
+#: An environment's name is a folder's too (`.nox/<name>`, the report's shards): `composer-0.23`.
+ENVIRONMENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
 
 def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tuple[str, ...]],
@@ -239,13 +297,20 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
     start = src.rule_line(fw, index)
     when = {}
     for axis, pats in when_raw.items():
-        if axis not in valid:
+        if axis not in valid and axis != "release":
             raise src.error(f"{fw} rule {index + 1}: unknown axis {axis!r} in `when`; valid: "
-                            f"{', '.join(valid)}", axis)
+                            f"{', '.join([*valid, 'release'])}", axis)
         when[axis] = _str_list(src, pats, f"rule.when.{axis}", axis)
         if not when[axis]:
             raise src.error(f"{fw} rule {index + 1}: `when` {axis} lists no values", axis, start=start)
-    found = unselectable(when, valid, user_models)
+    for pattern in when.get("release", ()):  # releases are not a fixed list (bisect runs any): only the syntax
+        if pattern.startswith(SPECIFIER_START):
+            try:
+                SpecifierSet(pattern)
+            except InvalidSpecifier:
+                raise src.error(f"{fw} rule {index + 1}: `when` release {pattern!r} is not a version specifier "
+                                "(e.g. \"<0.31\") or glob", pattern, start=start) from None
+    found = unselectable({k: v for k, v in when.items() if k != "release"}, valid, user_models)
     if found is not None:
         raise src.error(f"{fw} rule {index + 1}: `when` {found[1]}", f'"{found[0]}"', start=start)
     device = body.get("device")
@@ -262,7 +327,38 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
     return Rule(when, device, effects, where)
 
 
-def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -> tuple[Framework, Environment]:
+def _load_environments(src: _Source, fw: str, raw: Any) -> tuple[list[Environment], tuple[Release, ...]]:
+    """`[environment]` (one release) or `[[environment]]` (several, newest first): each a name, the framework
+    `release` it installs, and its pins."""
+    tables = raw if isinstance(raw, list) else [raw]
+    if not tables or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tables):
+        raise src.error(f"framework {fw}: each [environment] needs `name`", "environment")
+    environments, releases = [], []
+    for table in tables:
+        _reject_unknown_keys(src, table, ENVIRONMENT_KEYS, f"framework {fw} environment {table['name']}")
+        if not ENVIRONMENT_NAME_RE.match(table["name"]):
+            raise src.error(f"framework {fw}: environment name {table['name']!r} is not lowercase letters, digits, "
+                            "'.', '-'", table["name"])
+        version = table.get("release", "")
+        if len(tables) > 1 and not version:
+            raise src.error(f"framework {fw}: environment {table['name']!r} needs `release` (several are named)",
+                            table["name"])
+        try:
+            Version(str(version)) if version else None
+        except InvalidVersion:
+            raise src.error(f"framework {fw}: environment {table['name']!r}: release {version!r} is not a version",
+                            str(version)) from None
+        if table["name"] in (e.name for e in environments) or version in (r.version for r in releases if version):
+            raise src.error(f"framework {fw}: environment {table['name']!r} or its release is named twice",
+                            table["name"])
+        environments.append(Environment(table["name"], _str_list(src, table.get("install", []),
+                                                                 "environment.install", "install"), (fw,)))
+        releases.append(Release(str(version), table["name"]))
+    return environments, tuple(releases)
+
+
+def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None
+                    ) -> tuple[Framework, list[Environment]]:
     name = body.get("framework", name_hint)
     if not isinstance(name, str) or not VALUE_RE.match(name):
         raise src.error("`framework = \"<name>\"` is missing or not a valid axis value", "framework")
@@ -291,22 +387,25 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None) -
         if unknown:
             raise src.error(f"framework {name}: {axis} {unknown[0]!r} is not offered by adapter {adapter}; "
                             f"valid: {', '.join(declaration.offers(axis))}", unknown[0])
-    env = body.get("environment", {"name": name})
-    if not isinstance(env, dict) or not isinstance(env.get("name"), str):
-        raise src.error(f"framework {name}: [environment] needs `name`", "environment")
-    environment = Environment(env["name"], _str_list(src, env.get("install", []), "environment.install", "install"),
-                              (name,))
+    environments, releases = _load_environments(src, name, body.get("environment", {"name": name}))
+    any_release = body.get("releases", {})
+    if not isinstance(any_release, dict) or set(any_release) - {"install"}:
+        raise src.error(f"framework {name}: [releases] takes `install` only", "releases")
+    any_install = _str_list(src, any_release.get("install", []), "releases.install", "install")
+    if any_install and not any("{release}" in line for line in any_install):
+        raise src.error(f"framework {name}: [releases] install names no {{release}}", "install")
     rules = body.get("rule", [])
     if not isinstance(rules, list):
         raise src.error(f"framework {name}: rules are written [[rule]]", "rule")
     user_models = bool(body.get("user_models", False))
     framework = Framework(
         name=name, adapter=adapter, declaration=declaration, import_name=str(body.get("import", name)), axes=axes,
-        environment=environment.name,
+        releases=releases,
         rules=tuple(_load_rule(src, name, i, r, axes, declaration, user_models) for i, r in enumerate(rules)),
-        where=src.where("framework"), user_models=user_models,
+        where=src.where("framework"), user_models=user_models, package=str(body.get("package", name)),
+        any_release=any_install,
     )
-    return framework, environment
+    return framework, environments
 
 
 def load(path: str | Path | None = None) -> Spec:
@@ -326,13 +425,14 @@ def load(path: str | Path | None = None) -> Spec:
     sources: dict[str, _Source] = {}
 
     def add(src: _Source, body: dict[str, Any], hint: str | None) -> None:
-        framework, env = _load_framework(src, body, hint)
+        framework, envs = _load_framework(src, body, hint)
         if framework.name in frameworks:
             first = frameworks[framework.name].where
             raise src.error(f"framework {framework.name!r} is defined twice (also at {first})", "framework")
         frameworks[framework.name] = framework
         sources[framework.name] = src
-        merge_environment(environments, env)
+        for env in envs:
+            merge_environment(environments, env)
 
     for name, body in root.data.get("frameworks", {}).items():
         add(root, body, name)

@@ -7,6 +7,7 @@ so `--collect-only` is fast and every skip is known before any rank starts.
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import importlib.util
 import itertools
 from collections.abc import Callable, Iterable
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from ..core.cell import Cell, CellKey, Hyper, UserModel
 from ..core.freeze import FreezePattern
 from ..core.names import KEY_AXES, LATER_AXES, USER_AXES
-from .matrix import Framework, Rule, Spec
+from .matrix import Framework, Release, Rule, Spec, release_matches, same_release
 
 
 class SelectionError(ValueError):
@@ -41,7 +42,7 @@ class Selection:
             if axis not in KEY_AXES:
                 raise SelectionError(f"--freeze-matrix-select: unknown axis {axis!r}; valid: {', '.join(KEY_AXES)}")
             valid = spec.values(axis)
-            if value not in valid and axis not in USER_AXES:
+            if value not in valid and axis not in (*USER_AXES, "release"):  # any release may be run (bisect)
                 raise SelectionError(f"--freeze-matrix-select: unknown {axis} {value!r}; valid: {', '.join(valid)}")
             values.setdefault(axis, set()).add(value)
         return cls({axis: frozenset(v) for axis, v in values.items()})
@@ -65,7 +66,8 @@ def _matches(rule: Rule, key: CellKey, device: str) -> bool:
     if rule.device is not None and rule.device != device:
         return False
     fields = key.as_dict()
-    return all(any(fnmatch.fnmatchcase(fields[axis], pat) for pat in pats) for axis, pats in rule.when.items())
+    return all(any(release_matches(fields[axis], pat) if axis == "release" else fnmatch.fnmatchcase(fields[axis], pat)
+                   for pat in pats) for axis, pats in rule.when.items())
 
 
 def why_not_importable(module: str) -> str | None:
@@ -81,12 +83,44 @@ def why_not_importable(module: str) -> str | None:
     return None
 
 
-def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]], world_size: int, device: str,
-                     missing: str | None, user: UserCase | None = None) -> Iterable[Cell]:
+def installed_version(package: str) -> str | None:
+    """A distribution's version here, from its metadata (nothing is imported), without a local tag (`+cu126`)."""
+    try:
+        found = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return found.partition("+")[0]
+
+
+def releases_here(fw: Framework, environment: str | None, missing: str | None, installed: str | None
+                  ) -> list[Release]:
+    """The release whose cells this run plans: the named environment's, else the one installed here.
+
+    An installed version the framework file does not declare runs as itself (`composer@0.28.0`: "does freezing
+    work on my version?"); a named environment whose release is not the one installed is refused, or its cells
+    would carry a version they did not run.
+    """
+    if environment is None:
+        declared = [r for r in fw.releases if installed and r.version and same_release(installed, r.version)]
+        if missing or not installed or not fw.releases[0].version:
+            return [fw.releases[0]]
+        return declared[:1] or [Release(installed, f"{fw.name}@{installed}")]
+    release = fw.release_in(environment)
+    if release is None:
+        return []
+    if not missing and installed and release.version and not same_release(installed, release.version):
+        raise SelectionError(f"--freeze-matrix-environment={environment} runs {fw.package} {release.version}, but "
+                             f"{installed} is installed here: run that environment's python, or "
+                             f"--freeze-matrix-environment={fw.name}@{installed}")
+    return [release]
+
+
+def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str, tuple[str, ...]], world_size: int,
+                     device: str, missing: str | None, user: UserCase | None = None) -> Iterable[Cell]:
     patterns = user.patterns if user else spec.patterns
     for model, plugin, init, checkpoint, freeze, clip in itertools.product(
             *(axes[a] for a in ("model", "plugin", "init", "checkpoint", "freeze", "clip"))):
-        key = CellKey(model, fw.name, plugin, init, checkpoint, freeze, clip)
+        key = CellKey(model, fw.name, plugin, init, checkpoint, freeze, clip, release.version)
         effects: dict[str, object] = {}
         options: dict[str, object] = {}
         for rule in fw.rules:
@@ -97,9 +131,10 @@ def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]]
             continue
         skip = effects.get("skip")
         if missing:
-            skip = f"{fw.name} is not importable in this environment ({missing}); its environment is {fw.environment!r}"
+            skip = (f"{fw.name} is not importable in this environment ({missing}); "
+                    f"its environment is {release.environment!r}")
         emulation = bool(effects.get("emulation", False))
-        yield Cell(key=key, environment=fw.environment, adapter=fw.declaration.implementation,
+        yield Cell(key=key, environment=release.environment, adapter=fw.declaration.implementation,
                    world_size=world_size, device=device,
                    pattern=patterns[freeze], groups=user.groups if user else spec.models[model],
                    precision=str(effects.get("precision", "fp32")), emulation=emulation,
@@ -111,16 +146,18 @@ def _framework_cells(spec: Spec, fw: Framework, axes: dict[str, tuple[str, ...]]
 
 
 def plan(spec: Spec, selection: Selection, *, world_size: int, device: str, environment: str | None = None,
-         importable: Callable[[str], str | None] = why_not_importable) -> list[Cell]:
+         importable: Callable[[str], str | None] = why_not_importable,
+         installed: Callable[[str], str | None] = installed_version) -> list[Cell]:
     """Cells in a stable order. With `environment`, only the frameworks that environment owns run."""
     cells: list[Cell] = []
     for fw in spec.frameworks.values():
         if not selection.keeps("framework", fw.name):
             continue
-        if environment is not None and fw.environment != environment:
-            continue
+        missing = importable(fw.import_name)
         axes = {a: tuple(v for v in fw.axes[a] if selection.keeps(a, v)) for a in fw.axes}
-        cells.extend(_framework_cells(spec, fw, axes, world_size, device, importable(fw.import_name)))
+        for release in releases_here(fw, environment, missing, installed(fw.package)):
+            if selection.keeps("release", release.version):
+                cells.extend(_framework_cells(spec, fw, release, axes, world_size, device, missing))
     return cells
 
 
@@ -141,7 +178,8 @@ class UserCase:
 
 
 def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, environment: str | None = None,
-               importable: Callable[[str], str | None] = why_not_importable) -> list[Cell]:
+               importable: Callable[[str], str | None] = why_not_importable,
+               installed: Callable[[str], str | None] = installed_version) -> list[Cell]:
     """Cells for a user's case: every framework that takes user models, narrowed as the case asks."""
     takers = [fw for fw in spec.frameworks.values() if fw.user_models]
     for axis, wanted, offered in (("framework", case.frameworks, [fw.name for fw in takers]),
@@ -155,11 +193,13 @@ def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, envi
                                  f"{', '.join(dict.fromkeys(offered))}")
     cells: list[Cell] = []
     for fw in takers:
-        if (case.frameworks and fw.name not in case.frameworks) or (environment and fw.environment != environment):
+        if case.frameworks and fw.name not in case.frameworks:
             continue
         axes = {"model": (case.name,), "freeze": tuple(case.patterns)}
         for axis, wanted in (("plugin", case.plugins), ("init", case.init), ("checkpoint", case.checkpoint),
                              ("clip", case.clip)):
             axes[axis] = tuple(v for v in fw.axes[axis] if wanted is None or v in wanted)
-        cells.extend(_framework_cells(spec, fw, axes, world_size, device, importable(fw.import_name), case))
+        missing = importable(fw.import_name)
+        for release in releases_here(fw, environment, missing, installed(fw.package)):
+            cells.extend(_framework_cells(spec, fw, release, axes, world_size, device, missing, case))
     return cells
