@@ -138,3 +138,24 @@ def test_cli_merge_applies_a_known_issue_registry(tmp_path, capsys):
     registry.write_text("[[issue]]\nid = 1\n")
     assert cli(["merge", shard, "-o", str(tmp_path / "out2"), "--known-issues", str(registry)]) == 2
     assert "entry #1: field summary: missing" in capsys.readouterr().err
+
+
+def test_a_cell_whose_framework_moved_release_is_compared_with_itself():
+    """A nightly that bumps a pin must still see what the bump broke; a report before releases were recorded
+    too."""
+    from pytest_freezecompat.report import diff as diff_module
+
+    def row(cell_id, status, release=""):
+        return {"id": cell_id, "status": status, "release": release, "message": ""}
+
+    old = {"cells": [row("m/composer/ddp/eager/none/none", "pass"),
+                     row("m/composer@0.32.1/fsdp1/eager/none/none", "pass", "0.32.1")]}
+    new = {"cells": [row("m/composer@0.33.0/ddp/eager/none/none", "pass", "0.33.0"),
+                     row("m/composer@0.23.5/ddp/eager/none/none", "error", "0.23.5"),
+                     row("m/composer@0.33.0/fsdp1/eager/none/none", "error", "0.33.0")]}
+    changes = {c.id: c for c in diff_module.diff(old, new)}
+    assert changes["m/composer@0.33.0/fsdp1/eager/none/none"].regression
+    assert "was m/composer@0.32.1/fsdp1/eager/none/none (0.32.1)" in changes[
+        "m/composer@0.33.0/fsdp1/eager/none/none"].why
+    assert changes["m/composer@0.23.5/ddp/eager/none/none"].why == "new cell"  # an older release added beside
+    assert "m/composer/ddp/eager/none/none" not in changes and len(changes) == 2

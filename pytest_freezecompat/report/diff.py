@@ -8,9 +8,13 @@ that issue no longer explains, or a cell missing from the new report. Everything
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
+from ..core.cell import CellKey
 from ..core.records import display_status
 
 MESSAGE_CHARS = 160
@@ -67,14 +71,45 @@ def _compare(old: dict[str, Any], new: dict[str, Any]) -> Change | None:
     return Change(new["id"], _label(old), _label(new), False, why, detail)
 
 
+def _newest(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    def version(cell: dict[str, Any]) -> tuple[int, Version | str]:
+        try:
+            return 1, Version(cell.get("release") or "")
+        except InvalidVersion:
+            return 0, cell.get("release") or ""
+    return max(cells, key=version)
+
+
+def moved_releases(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Old id -> new id, for a cell whose framework moved to another release (or whose old report recorded none):
+    the same cell, so a nightly that bumps a pin still sees what the bump broke. The newest new release is taken."""
+    unmatched: dict[str, list[dict[str, Any]]] = {}
+    for cell_id, cell in after.items():
+        if cell_id not in before:
+            unmatched.setdefault(CellKey.parse(cell_id).across_releases, []).append(cell)
+    moved = {}
+    for cell_id in before.keys() - after.keys():
+        candidates = unmatched.get(CellKey.parse(cell_id).across_releases)
+        if candidates:
+            moved[cell_id] = _newest(candidates)["id"]
+    return moved
+
+
 def diff(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     """Every cell whose status changed, regressions first (each group by cell id)."""
     before = {c["id"]: c for c in old["cells"]}
     after = {c["id"]: c for c in new["cells"]}
+    moved = moved_releases(before, after)
     changes = [Change(i, _label(c), None, True, "missing from the new report", "")
-               for i, c in before.items() if i not in after]
-    changes += [Change(i, None, _label(c), False, "new cell", _detail(c)) for i, c in after.items() if i not in before]
+               for i, c in before.items() if i not in after and i not in moved]
+    changes += [Change(i, None, _label(c), False, "new cell", _detail(c)) for i, c in after.items()
+                if i not in before and i not in moved.values()]
     changes += [found for i in before.keys() & after.keys() if (found := _compare(before[i], after[i]))]
+    for old_id, new_id in moved.items():
+        found = _compare(before[old_id], after[new_id])
+        if found:
+            was = before[old_id].get("release") or "an unrecorded release"
+            changes.append(dataclasses.replace(found, why=f"{found.why}; was {old_id} ({was})"))
     return sorted(changes, key=lambda c: (not c.regression, c.old is None, c.id))
 
 

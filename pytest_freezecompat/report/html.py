@@ -24,7 +24,7 @@ from markupsafe import Markup
 
 from ..core.names import LATER_AXES, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
-from . import grid
+from . import grid, releases
 
 #: Raw status -> glyph. The glyph always shows the raw status; colour shows the display status.
 GLYPHS = {"pass": "✓", "fail": "✗", "error": "!", "timeout": "◷", "crash": "†", "skip": "–"}
@@ -184,7 +184,10 @@ def _known_issues(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         counts = Counter(map(display_status, mine))
         views.append({"id": issue_id, "summary": known.get("summary", ""), "links": grid.links(known),
                       "cells": len(mine), "known": counts["known"], "fixed": counts["fixed?"],
-                      "other": ", ".join(f"{n} {s}" for s, n in counts.items() if s not in ("known", "fixed?"))})
+                      "other": ", ".join(f"{n} {s}" for s, n in counts.items() if s not in ("known", "fixed?")),
+                      "fixed_in": ", ".join(f"{name} {release}" for name, release in
+                                            (known.get("fixed_in") or {}).items()),
+                      "narrow": sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine)})
     return views
 
 
@@ -258,4 +261,5 @@ def render(report: dict[str, Any]) -> str:
         run=_run(report["environments"]), environments=_environments(report["environments"]), filters=filters,
         sections=views, totals=totals, statuses=grid.DISPLAY_STATUSES, causes=grid.CAUSES, glyphs=GLYPHS,
         display_help=DISPLAY_HELP, cause_help=grid.CAUSE_HELP, css_class=_css_class,
-        known_issues=_known_issues(cells), notes=_notes(cells), retried=len(grid.rendezvous_retried(cells)))
+        known_issues=_known_issues(cells), notes=_notes(cells),
+        across_releases=releases.across_releases(rows, report.get("bisections") or []), retried=len(grid.rendezvous_retried(cells)))
