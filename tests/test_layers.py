@@ -26,12 +26,13 @@ MAY_IMPORT = {
     "plugin": {"options"},  # the controller and the user API only inside functions
     "user": {"spec", "verdict"},
     "cli": {"spec", "report", "verdict"},
+    "bisect": {"spec"},  # `freezecompat bisect`: builds environments and runs pytest in them, in subprocesses
     "__init__": set(),
 }
 #: What every adapter may share (the rest of `adapters/` is one package per framework).
 SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize")
 #: Modules that a plain `pytest` run (plugin installed, no matrix) or the report tools import: no torch.
-TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "options", "cli", "__init__")
+TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "options", "cli", "bisect", "__init__")
 
 
 def _layer(path: Path) -> str:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+try:
+    from torch.distributed.tensor import DTensor, distribute_tensor
+except ImportError:  # torch < 2.4 (Composer < 0.24 pins 2.3.1): the same classes, before they were public
+    from torch.distributed._tensor import DTensor, distribute_tensor
 
 from .. import models
 

@@ -14,15 +14,17 @@ from conftest import ShimProbe
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from pytest_freezecompat.adapters.composer import adapter, emulation
+from pytest_freezecompat.adapters.composer import adapter, compat, emulation
 
 CPU = torch.device("cpu")
 #: The shim reads only the plugin id of its cell.
 CELL: Any = SimpleNamespace(key=SimpleNamespace(plugin="fsdp2"))
+needs_fsdp2 = pytest.mark.skipif(compat.fsdp2_config_class() is None,
+                                 reason=f"Composer {compat.composer_version()} has no FSDP2 (from {compat.FSDP2_FROM})")
 
 
-
-@pytest.mark.parametrize(("plugin", "fsdp"), [("ddp", None), ("fsdp1", "FSDPConfig"), ("fsdp2", "FSDP2Config")])
+@pytest.mark.parametrize(("plugin", "fsdp"), [("ddp", None), ("fsdp1", "FSDPConfig"),
+                                              pytest.param("fsdp2", "FSDP2Config", marks=needs_fsdp2)])
 def test_plugins_map_to_composer_parallelism_configs(plugin: str, fsdp: str | None) -> None:
     config = adapter._parallelism(plugin, framework_ac=True)
     assert (None if config is None else type(config["fsdp"]).__name__) == fsdp
@@ -37,6 +39,25 @@ def test_fsdp1_variants_set_sharding_and_orig_params() -> None:
     assert (flat.sharding_strategy, grad_op.sharding_strategy) == ("FULL_SHARD", "SHARD_GRAD_OP")
     with pytest.raises(ValueError, match="no plugin"):
         adapter._parallelism("deepspeed", framework_ac=False)
+
+
+def test_a_release_without_fsdp2_refuses_the_plugin_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before 0.31 `composer.utils.parallelism` has no FSDP2Config: the adapter says so instead of an ImportError."""
+    import composer.utils.parallelism as parallelism
+
+    monkeypatch.delattr(parallelism, "FSDP2Config", raising=False)
+    assert compat.fsdp2_config_class() is None
+    with pytest.raises(NotImplementedError, match="has no FSDP2Config"):
+        adapter._parallelism("fsdp2", framework_ac=False)
+    assert adapter._parallelism("fsdp1", framework_ac=False) is not None
+
+
+def test_dtensor_and_meta_init_resolve_on_this_torch() -> None:
+    """torch < 2.4 keeps DTensor under torch.distributed._tensor only: the harness finds it either way."""
+    from pytest_freezecompat.adapters.materialize import DTensor, MetaInit
+
+    assert DTensor.__name__ == "DTensor" and MetaInit.__name__ == "MetaInit"
+    assert not compat.is_dtensor(torch.ones(1))
 
 
 def test_shim_redirects_cuda_requests_only_inside_and_reports_what_it_used() -> None:

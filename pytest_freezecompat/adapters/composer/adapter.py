@@ -26,17 +26,16 @@ from composer.core import State
 from composer.core.engine import Engine
 from composer.loggers import Logger
 from composer.utils import collect_env
-from composer.utils.parallelism import FSDP2Config, FSDPConfig
+from composer.utils.parallelism import FSDPConfig
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.tensor import DTensor
 
 from ... import models
 from ..base import AdapterBase, Batch, RunContext, apply_freeze
 from ..loop import StepProbes
 from ..materialize import MetaInit
 from ..views import CHECKPOINT_WRAPPER_INFIXES, DTensorView, FSDP1View, ParamView
-from . import DEFAULT_OPTIMIZER_SUFFIX, UNSHIMMED_GLOO_AVG
+from . import DEFAULT_OPTIMIZER_SUFFIX, UNSHIMMED_GLOO_AVG, compat
 
 
 def warm_up() -> None:
@@ -60,7 +59,11 @@ def _parallelism(plugin: str, framework_ac: bool) -> dict[str, Any] | None:
     if plugin == "ddp":
         return None
     if plugin == "fsdp2":
-        return {"fsdp": FSDP2Config(activation_checkpointing=framework_ac)}
+        fsdp2_config = compat.fsdp2_config_class()
+        if fsdp2_config is None:
+            raise NotImplementedError(f"Composer {compat.composer_version()} has no FSDP2Config (FSDP2 from Composer "
+                                      f"{compat.FSDP2_FROM}): a rule in composer.toml should exclude {plugin!r}")
+        return {"fsdp": fsdp2_config(activation_checkpointing=framework_ac)}
     strategies = {"fsdp1": ("FULL_SHARD", False), "fsdp1-orig-params": ("FULL_SHARD", True),
                   "fsdp1-shard-grad-op": ("SHARD_GRAD_OP", True)}
     if plugin not in strategies:
@@ -115,7 +118,7 @@ class _NormTap:
             finally:
                 self._depth -= 1
             if self._depth == 0:
-                value = norm.full_tensor() if isinstance(norm, DTensor) else norm
+                value = norm.full_tensor() if compat.is_dtensor(norm) else norm
                 self.norm, self.source = float(value), source
             return norm
 
