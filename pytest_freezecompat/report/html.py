@@ -262,4 +262,5 @@ def render(report: dict[str, Any]) -> str:
         sections=views, totals=totals, statuses=grid.DISPLAY_STATUSES, causes=grid.CAUSES, glyphs=GLYPHS,
         display_help=DISPLAY_HELP, cause_help=grid.CAUSE_HELP, css_class=_css_class,
         known_issues=_known_issues(cells), notes=_notes(cells),
-        across_releases=releases.across_releases(rows, report.get("bisections") or []), retried=len(grid.rendezvous_retried(cells)))
+        across_releases=releases.across_releases(rows, report.get("bisections") or []),
+        retried=len(grid.rendezvous_retried(cells)))

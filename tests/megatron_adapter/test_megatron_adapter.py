@@ -16,7 +16,7 @@ import torch.distributed as dist
 from conftest import ShimProbe
 
 from pytest_freezecompat import models
-from pytest_freezecompat.adapters.megatron import DECLARATION
+from pytest_freezecompat.adapters.megatron import DECLARATION, compat
 from pytest_freezecompat.adapters.megatron import adapter as mg
 from pytest_freezecompat.adapters.megatron.emulation import SHIM, TO_CPU
 
@@ -113,3 +113,16 @@ def test_megatron_ddp_grad_lives_in_main_grad_and_the_view_reads_it(one_rank_gro
     assert view.grad_access.startswith("param.main_grad")
     assert torch.equal(grads["decoder.layers.0.mlp.linear_fc1.weight"], fc1.main_grad)
     assert grads["embedding.word_embeddings.weight"] is None
+
+
+def test_compat_calls_megatron_under_this_releases_spelling(one_rank_group: None) -> None:
+    norm = compat.grad_norm_fp32([torch.tensor([3.0, 4.0])], mg.ps.get_model_parallel_group())
+    assert float(norm) == pytest.approx(5.0)
+    gpt, _ = _filled_gpt(seed=5)
+    ddp = mg.DistributedDataParallel(gpt.config, mg.DistributedDataParallelConfig(), gpt)
+    config = mg.OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.1)
+    optimizers = compat.chained_optimizers(compat.megatron_optimizer(config, [ddp]))
+    groups = [g for opt in optimizers for g in opt.optimizer.param_groups]
+    # weight decay on biases and norms too, as the reference's plain AdamW
+    assert {g["weight_decay"] * g.get("wd_mult", 1.0) for g in groups} == {0.1}
+    assert sum(len(g["params"]) for g in groups) == len(list(gpt.parameters()))

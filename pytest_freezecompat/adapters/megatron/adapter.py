@@ -28,8 +28,8 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.optimizer import DistributedOptimizer, OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32, get_grad_norm_fp32
+from megatron.core.optimizer import DistributedOptimizer, OptimizerConfig
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer import TransformerConfig
@@ -43,7 +43,7 @@ from ...core.freeze import FreezePlan
 from ..base import AdapterBase, Batch, LossOf, RunContext, apply_freeze
 from ..loop import train
 from ..views import all_gather_json, all_gather_tensors
-from . import WRAPPERS
+from . import WRAPPERS, compat
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 64, 8, 16, 2, 4
 #: `<wrapper>-tp<N>` or `<wrapper>-pp<N>`: the parallel layout is part of the plugin id.
@@ -290,7 +290,7 @@ def _optimizer_model_params(optimizer: Any) -> list[nn.Parameter]:
     if isinstance(optimizer, torch.optim.Optimizer):
         return [p for group in optimizer.param_groups for p in group["params"]]
     params: list[nn.Parameter] = []
-    for opt in optimizer.chained_optimizers:
+    for opt in compat.chained_optimizers(optimizer):
         if isinstance(opt, DistributedOptimizer):
             # A rank with nothing to train gets a DistributedOptimizer without these groups.
             groups = getattr(opt, "model_float16_groups", []) + getattr(opt, "model_fp32_groups", [])
@@ -447,13 +447,13 @@ class MegatronAdapter(AdapterBase):
         opt_config = OptimizerConfig(optimizer="adam", lr=h.lr, adam_beta1=h.betas[0], adam_beta2=h.betas[1],
                                      adam_eps=h.eps, weight_decay=h.weight_decay, clip_grad=h.max_norm,
                                      use_distributed_optimizer=distopt)
-        return wrapped, get_megatron_optimizer(opt_config, [wrapped], config_overrides={})
+        return wrapped, compat.megatron_optimizer(opt_config, [wrapped])
 
 
 def _clip_torch_ddp(model: nn.Module, max_norm: float) -> float:
     """Megatron's own TP/PP-aware clipping for a model Megatron's optimizer does not own."""
     with_grad = [p for p in model.parameters() if p.grad is not None]
     for_norm = [p.grad for p in with_grad if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
-    norm = get_grad_norm_fp32(for_norm, grad_stats_parallel_group=ps.get_model_parallel_group())
+    norm = compat.grad_norm_fp32(for_norm, ps.get_model_parallel_group())
     clip_grad_by_total_norm_fp32(with_grad, max_norm, norm)
     return float(norm)

@@ -4,9 +4,11 @@ Megatron-core's real logic (grad buffers, distributed optimizer, schedules, reco
 runs on CPU tensors once the places that hard-code CUDA are redirected: the RNG
 tracker (onto the CPU generator), `torch.cuda.current_device()`, factory calls
 and `.to()`/`.cuda()` that name a CUDA device (onto the CPU), `Tensor.type()`
-(which the optimizers compare with `torch.cuda.*Tensor`), and the CUDA stream and
-synchronize calls the grad buffers make. Everything is undone when the cell ends, and each patch
-is reported (`probe.emulated`) only when it really engages (see `adapters.emulation`).
+(which the optimizers compare with `torch.cuda.*Tensor`), the CUDA stream and
+synchronize calls the grad buffers make, and, before 0.10, the distributed optimizer's
+demand for Apex's or TE's fused Adam kernel (torch's AdamW, the same math, stands in).
+Everything is undone when the cell ends, and each patch is reported (`probe.emulated`)
+only when it really engages (see `adapters.emulation`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ CPU = torch.device("cpu")
 TO_CPU = "device='cuda' -> cpu (TorchFunctionMode)"
 CUDA_NO_OP = "Tensor.cuda() no-op"
 CUDA_TYPE = "Tensor.type() -> torch.cuda.*"
+FUSED_ADAM = "DistributedOptimizer: Apex/TE FusedAdam -> torch.optim.AdamW (megatron-core < 0.10)"
 
 
 def _is_cuda(device: Any) -> bool:
@@ -110,11 +113,48 @@ class MegatronShim(Shim):
             (mcore_random, "_get_cuda_rng_state"): lambda *a, **k: torch.get_rng_state(),
             (mcore_random, "_set_cuda_rng_state"): lambda state, *a, **k: torch.set_rng_state(state),
         }
+        # Only what this release has: before 0.11, megatron.core.tensor_parallel.random had no _get_cuda_rng_state.
         return [Patch(owner, name, _reported_class(value) if isinstance(value, type) else always(value),
-                      f"{owner.__name__}.{name}") for (owner, name), value in replacements.items()]
+                      f"{owner.__name__}.{name}") for (owner, name), value in replacements.items()
+                if owner is torch.cuda or hasattr(owner, name)] + _fused_adam_patches()
 
     def contexts(self, cell: Cell, probe: Probe, device: torch.device) -> list[contextlib.AbstractContextManager]:
         return [_cpu_rng_restored(), _CudaToCpu(probe)]
+
+
+class _ReportingTrue:
+    """A module flag that reads True and reports when the code that tests it runs."""
+
+    def __init__(self, report: Callable[[], None]) -> None:
+        self._report = report
+
+    def __bool__(self) -> bool:
+        self._report()
+        return True
+
+
+def _fused_adam_patches() -> list[Patch]:
+    """Before 0.10, `DistributedOptimizer.__init__` asserts `HAVE_APEX_OR_TE` (Apex's or TE's FusedAdam, a
+    CUDA kernel) and that its optimizer is that FusedAdam. Without them `get_megatron_optimizer` has already
+    built the release's own fallback, torch's AdamW (the same math: Megatron calls FusedAdam a drop-in for
+    it); let the distributed optimizer accept that one. From 0.10 the constructor takes a torch optimizer
+    itself and never reads the flag: nothing is patched then, nor where Apex or TE is installed.
+    """
+    from megatron.core import optimizer as mcore_optimizer
+    from megatron.core.optimizer import distrib_optimizer
+
+    asserts_fused = "HAVE_APEX_OR_TE" in distrib_optimizer.DistributedOptimizer.__init__.__code__.co_names
+    if not asserts_fused or getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
+        return []
+
+    def flag(report: Callable[[], None], original: Any) -> _ReportingTrue:
+        return _ReportingTrue(report)
+
+    def fallback(report: Callable[[], None], original: Any) -> type:
+        return mcore_optimizer.Adam
+
+    return [Patch(distrib_optimizer, "HAVE_APEX_OR_TE", flag, FUSED_ADAM),
+            Patch(distrib_optimizer, "Adam", fallback, FUSED_ADAM)]
 
 
 def _reported_class(cls: type) -> Callable[[Callable[[], None], Any], type]:
