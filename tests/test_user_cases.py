@@ -1,6 +1,11 @@
 """`@freeze_case`: a user's own model, frozen their way, through plain `pytest` (pytester, real 2-rank runs)."""
 
+import importlib.metadata
+
 import pytest
+
+#: The torch release this environment runs: user cells of the torch row carry it in their ids.
+TORCH = importlib.metadata.version("torch").partition("+")[0]
 
 MODEL = '''
 import torch
@@ -52,11 +57,11 @@ def test_declared_cells_run_with_plain_pytest_and_land_in_the_report(pytester, r
     pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}, "body-only": body_only}'))
     result, report = run_user()
     result.assert_outcomes(passed=4)  # two cells, their nothing-frozen control and the ordinary test
-    assert sorted(c["id"] for c in report["cells"]) == ["small-net/torch/ddp/eager/none/body-only",
-                                                        "small-net/torch/ddp/eager/none/head-only",
-                                                        "small-net/torch/ddp/eager/none/none"]
+    assert sorted(c["id"] for c in report["cells"]) == [f"small-net/torch@{TORCH}/ddp/eager/none/body-only",
+                                                        f"small-net/torch@{TORCH}/ddp/eager/none/head-only",
+                                                        f"small-net/torch@{TORCH}/ddp/eager/none/none"]
     assert {c["status"] for c in report["cells"]} == {"pass"}
-    assert report["cells"][0]["repro"].startswith("pytest test_mine.py::small_net::small-net/torch/ddp")
+    assert report["cells"][0]["repro"].startswith(f"pytest test_mine.py::small_net::small-net/torch@{TORCH}/ddp")
 
 
 def test_keyword_selection_reaches_user_cells(pytester, run_user):
@@ -69,7 +74,7 @@ def test_the_matrix_selection_narrows_user_cells_too(pytester, run_user):
     pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}, "body-only": body_only}'))
     result, report = run_user("--freeze-matrix-select", "freeze=none")
     result.assert_outcomes(passed=2)  # the control and the ordinary test
-    assert [c["id"] for c in report["cells"]] == ["small-net/torch/ddp/eager/none/none"]
+    assert [c["id"] for c in report["cells"]] == [f"small-net/torch@{TORCH}/ddp/eager/none/none"]
 
 
 @pytest.mark.parametrize(("patterns", "narrow", "message"), [
