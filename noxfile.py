@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -31,7 +32,7 @@ nox.options.error_on_missing_interpreters = True
 MATRIX_EXIT_CODES = [0, 1]
 
 
-def environments() -> dict[str, dict[str, list[str]]]:
+def environments() -> dict[str, dict[str, Any]]:
     """Environment name -> its pins and the frameworks it owns, as the matrix loader merges them.
 
     Asked of the package itself (stdlib only at that point), so nox, CI and the nightly workflow
@@ -48,14 +49,15 @@ class Environment:
     """One pin set's virtualenv, shared by the sessions that need it (nox would build one per session):
     rebuilt only when its pins or the interpreter change, the checkout installed editable each time."""
 
-    def __init__(self, session: nox.Session, name: str, pins: list[str]) -> None:
+    def __init__(self, session: nox.Session, name: str, pins: list[str], python: str = "") -> None:
         self.session = session
         self.location = ENVIRONMENTS / name
         stamp = self.location / "freezecompat-pins.json"
-        wanted = json.dumps({"python": sys.version, "pins": pins})
+        wanted = json.dumps({"python": python or sys.version, "pins": pins})
         if not (stamp.is_file() and stamp.read_text() == wanted and self.bin("python").exists()):
             shutil.rmtree(self.location, ignore_errors=True)
-            session.run_install(sys.executable, "-m", "virtualenv", "-q", str(self.location))
+            interpreter = ["-p", f"python{python}"] if python else []  # a release that needs another Python
+            session.run_install(sys.executable, "-m", "virtualenv", "-q", *interpreter, str(self.location))
             for requirement in pins:  # one pip call per requirement string, in order: some stacks need torch first
                 self.pip("install", *requirement.split())
             stamp.write_text(wanted)
@@ -75,10 +77,10 @@ class Environment:
             shutil.rmtree(self.location, ignore_errors=True)
 
 
-def _matrix_session(name: str, pins: list[str]) -> None:
+def _matrix_session(name: str, pins: list[str], python: str) -> None:
     @nox.session(name=f"matrix-{name}", tags=["matrix"], venv_backend="none")
     def matrix(session: nox.Session) -> None:
-        env = Environment(session, name, pins)
+        env = Environment(session, name, pins, python)
         frozen = env.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
         if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
             shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
@@ -91,7 +93,7 @@ def _matrix_session(name: str, pins: list[str]) -> None:
                 *session.posargs, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
 
 
-def _tests_session(name: str, pins: list[str], frameworks: list[str]) -> None:
+def _tests_session(name: str, pins: list[str], frameworks: list[str], python: str) -> None:
     @nox.session(name=f"tests-{name}", tags=["tests"], venv_backend="none")
     def tests(session: nox.Session) -> None:
         # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
@@ -99,7 +101,7 @@ def _tests_session(name: str, pins: list[str], frameworks: list[str]) -> None:
         paths = [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
         if name != "torch" and not paths:
             session.skip(f"no adapter tests for {', '.join(frameworks)}: its release runs in the matrix only")
-        env = Environment(session, name, pins)
+        env = Environment(session, name, pins, python)
         if name == "torch":  # the engine's own tests run once, in the torch environment
             env.run("ruff", "check", ".")
             env.run("pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
@@ -109,8 +111,8 @@ def _tests_session(name: str, pins: list[str], frameworks: list[str]) -> None:
 
 
 for _name, _env in environments().items():
-    _matrix_session(_name, _env["install"])
-    _tests_session(_name, _env["install"], _env["frameworks"])
+    _matrix_session(_name, _env["install"], _env["python"])
+    _tests_session(_name, _env["install"], _env["frameworks"], _env["python"])
 
 
 @nox.session(tags=["tests"], reuse_venv="no")

@@ -9,7 +9,11 @@ pytest.importorskip("transformers")
 
 from hf_common import VOCAB, causal_lm_loss, token_batch
 from torch import nn
-from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+try:
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+except ImportError:  # transformers < 4.45 (colossalai 0.4.7 pins 4.39.3): no Qwen2-VL to build
+    pytest.skip("this transformers has no Qwen2-VL (from 4.45)", allow_module_level=True)
 
 from pytest_freezecompat import freeze_case
 

@@ -16,13 +16,16 @@ class Environment:
     name: str
     install: tuple[str, ...]
     frameworks: tuple[str, ...]
+    #: `3.10`: the interpreter its virtualenv is made with, where a release cannot import on the default one
+    #: (colossalai 0.3.4's legacy dataclasses fail on 3.11); "": the one running nox.
+    python: str = ""
 
 
 def merge_environment(environments: dict[str, Environment], env: Environment) -> None:
     """Several framework files may share an environment: the first that gives pins sets them."""
     known = environments.get(env.name)
     environments[env.name] = env if known is None else Environment(
-        env.name, known.install or env.install, known.frameworks + env.frameworks)
+        env.name, known.install or env.install, known.frameworks + env.frameworks, known.python or env.python)
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +36,7 @@ def main(argv: list[str]) -> int:
     except SpecError as exc:
         print(f"freezecompat: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({name: {"install": list(env.install), "frameworks": list(env.frameworks)}
+    print(json.dumps({name: {"install": list(env.install), "frameworks": list(env.frameworks), "python": env.python}
                       for name, env in spec.environments.items()}))
     return 0
 

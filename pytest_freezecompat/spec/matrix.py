@@ -280,7 +280,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
 
 FRAMEWORK_KEYS = {"framework", "adapter", "import", "package", "models", "plugins", "init", "checkpoint", "freeze",
                   "clip", "environment", "rule", "user_models", "releases"}
-ENVIRONMENT_KEYS = {"name", "release", "install"}
+ENVIRONMENT_KEYS = {"name", "release", "install", "python"}
 #: An environment's name is a folder's too (`.nox/<name>`, the report's shards): `composer-0.23`.
 ENVIRONMENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
@@ -351,8 +351,12 @@ def _load_environments(src: _Source, fw: str, raw: Any) -> tuple[list[Environmen
         if table["name"] in (e.name for e in environments) or version in (r.version for r in releases if version):
             raise src.error(f"framework {fw}: environment {table['name']!r} or its release is named twice",
                             table["name"])
+        python = table.get("python", "")
+        if not isinstance(python, str) or (python and not re.match(r"^3\.\d+$", python)):
+            raise src.error(f"framework {fw}: environment {table['name']!r}: python {python!r} is not 3.<minor>",
+                            "python")
         environments.append(Environment(table["name"], _str_list(src, table.get("install", []),
-                                                                 "environment.install", "install"), (fw,)))
+                                                                 "environment.install", "install"), (fw,), python))
         releases.append(Release(str(version), table["name"]))
     return environments, tuple(releases)
 

@@ -39,9 +39,10 @@ from torch import nn
 
 from ... import models
 from ...core.freeze import FreezePlan
-from ..base import AdapterBase, RunContext, apply_freeze
+from ..base import AdapterBase, RunContext
 from ..loop import train
 from ..views import FSDP1View, ParamView, settle_groups
+from .compat import reported_grad_norm, reuses_fp16_chunk, unwrap_model, zero_grad_access, zero_param_grad
 
 
 class NoShardingPolicy(Policy):
@@ -67,8 +68,8 @@ class PlainView(ParamView):
     """TorchDDP and HybridParallel zero 0: full params and all-reduced grads sit on the bare model."""
 
     def __init__(self, model: Any, optimizer: Any) -> None:
-        # unwrap_peft=False: a peft model keeps its own names (`base_model.model.*`), the names the cell froze by.
-        super().__init__(model.unwrap(unwrap_peft=False), optimizer)
+        # A peft model keeps its own names (`base_model.model.*`), the names the cell froze by.
+        super().__init__(unwrap_model(model), optimizer)
         self.model = model
 
     def names_by_id(self) -> dict[int, str]:
@@ -85,6 +86,10 @@ class ZeroView(PlainView):
     grad_access = ("optimizer.get_param_grad(param) (param.grad is None; collective); "
                    "params outside the optimizer keep their rank-local param.grad")
 
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        super().__init__(model, optimizer)
+        self.grad_access = zero_grad_access(optimizer, self.grad_access)
+
     def tracked_names(self) -> set[str]:
         optimizer = self.optimizers[0]
         by_id = self.names_by_id()
@@ -96,7 +101,7 @@ class ZeroView(PlainView):
         managed = {id(p) for group in optimizer._working_param_groups.values() for p in group}
         grads: dict[str, torch.Tensor | None] = {}
         for name, param in self.named_parameters().items():  # collective: same order on every rank
-            grad = optimizer.get_param_grad(param) if id(param) in managed else param.grad
+            grad = zero_param_grad(optimizer, param) if id(param) in managed else param.grad
             grads[name] = None if grad is None else grad.detach().clone()
         return grads
 
@@ -152,10 +157,11 @@ class GeminiView(PlainView):
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         model, manager = self.model, self.model.chunk_manager
         names = self.names_by_id()
+        reuse = reuses_fp16_chunk(model)
         chunked = []
         for p in model.fp16_params:
             chunk = manager.get_chunk(p)
-            chunked.append((names[id(p)], p, chunk if manager.reuse_fp16_chunk else chunk.grad_chunk))
+            chunked.append((names[id(p)], p, chunk if reuse else chunk.grad_chunk))
         # A chunk without a grad chunk still gathers (every rank calls the same collectives).
         gathered = self._gathered([entry for entry in chunked if entry[2] is not None])
         grads: dict[str, torch.Tensor | None] = {}
@@ -285,8 +291,19 @@ class _Loop:
         self.optimizer.step()
 
     def norm_after_step(self) -> tuple[float | None, str]:
-        norm = self.optimizer.get_grad_norm()
-        return None if norm is None else float(norm), self.spec.clip_source
+        norm, missing = reported_grad_norm(self.optimizer)
+        return norm, missing or self.spec.clip_source
+
+
+def freeze(plan: FreezePlan, model: nn.Module) -> None:
+    """Freeze as ColossalAI's users write it: `param.requires_grad = flag`, an attribute assignment.
+
+    On a plain param that is `requires_grad_(flag)`; on a LazyInitContext param it is not: up to 0.4.7
+    `LazyTensor.materialize` replays a recorded `requires_grad_` after every other op, assignments included, so
+    an assignment is undone (C2) while a `requires_grad_(False)` is itself the call replayed last and survives.
+    0.4.8 keeps the lazy tensor's own flag either way."""
+    for name, param in model.named_parameters():
+        param.requires_grad = name in plan.trainable
 
 
 def build(ctx: RunContext) -> tuple[nn.Module, FreezePlan]:
@@ -297,7 +314,7 @@ def build(ctx: RunContext) -> tuple[nn.Module, FreezePlan]:
         with LazyInitContext():
             model = ctx.build_model(initialize=False)
     plan = ctx.resolve_plan(model)
-    apply_freeze(plan, model)
+    freeze(plan, model)
     return model, plan
 
 

@@ -13,8 +13,8 @@ LowLevelZero, HybridParallel (zero 1) and TorchFSDP cells:
 - `torch.cuda.current_device` answers the CPU device while `TorchFSDPPlugin.configure` runs: the plugin
   passes it to FSDP as `device_id`, and FSDP itself runs on CPU with gloo.
 
-Gemini cells (the plugin built with `enable_async_reduce=False, pin_memory=False`: pinned host memory needs
-CUDA, and `enable_async_reduce=True` turns `pin_memory` on). Gemini
+Gemini cells (the plugin built with `pin_memory=False` and, from 0.4, `enable_async_reduce=False`: pinned host
+memory needs CUDA, and `enable_async_reduce=True` turns `pin_memory` on). Gemini
 keeps each chunk either "on CUDA" (a cuda_shard or the gathered chunk) or offloaded (a cpu_shard), and
 decides by device type. The shim makes host memory play both parts: the emulated CUDA device is
 `torch.device("cpu", 0)` and the offload device stays `torch.device("cpu")`; torch puts both in host
@@ -26,10 +26,14 @@ memory, yet they compare unequal, so Gemini's bookkeeping of which shard lives w
   back when the cell ends. Engages on any use.
 - `Chunk.shard_device` (a descriptor over the value `Chunk.__init__` stores), `Chunk.shard_move` and
   `ChunkManager.move_chunk`: where chunk code tests `device.type == "cuda"`, the device `cpu:0` is handed
-  over as a label whose `.type` is "cuda" and which equals `cpu:0` (it never reaches torch: these
-  functions allocate with `get_accelerator().get_current_device()`). Without the first, `close_chunk`
+  over as a label whose `.type` is "cuda" and which equals `cpu:0` (these functions allocate with the current
+  device; where the label reaches torch it is the string "cpu:0"). Without the first, `close_chunk`
   offloads every shard; without the others, moving a chunk "to CUDA" offloads it instead. Engage
   when a device is `cpu:0`.
+- `GeminiManager.setup_grads_device`: placement's map of grad devices holds the same label for `cpu:0`, as
+  GeminiDDP's `_init_chunks` tests `chunk_32.device_type != grads_device[p].type` to move fp32 masters "to
+  CUDA" (0.3.x closes static chunks offloaded: without it they would stay so) and GeminiOptimizer allocates
+  on it. Engages when an entry is `cpu:0`.
 - `CPUAdamLoader.load`: the CPU-Adam kernel is built as a CUDA extension here (`cuda.h`), so it is
   replaced by its own arithmetic in torch (ColossalAI's `CPUAdam.torch_adam_update`, grads divided by
   `div_scale` first as the kernel does). Engages when HybridAdam is built.
@@ -48,6 +52,28 @@ memory, yet they compare unequal, so Gemini's bookkeeping of which shard lives w
 - `colossalai.legacy.utils.memory.colo_device_memory_capacity` (auto placement imports it lazily): the
   emulated device reports a fixed 80 GiB, so auto placement never evicts the tiny models; other devices
   as shipped.
+- `torch.distributed.reduce_scatter` (the list API; Gemini cells, and every cell of a release without
+  `colossalai.accelerator`): gloo lacks it, so over gloo it is
+  an `all_reduce` of the inputs laid end to end, this rank's part kept (the same sum). Engages only where
+  a release calls it: 0.3.x's sharded Gemini chunks and ZeRO-2 buckets (later ones use
+  `reduce_scatter_tensor`, which gloo has).
+
+Releases without `colossalai.accelerator` (0.3.x; `compat.has_accelerator_api`) pick devices through
+`colossalai.utils.get_current_device` (the CPU when CUDA is missing) and call `torch.cuda` directly. There
+the same device plumbing takes other patch targets, each found by feature detection:
+
+- Gemini: `get_current_device`, in every loaded colossalai module that imported it by name, answers `cpu:0`
+  (the accelerator's part above); auto placement's `placement_policy` module binds
+  `colo_device_memory_capacity` at import, so that binding is patched as well; the CPU-Adam kernel is
+  `CPUAdamBuilder.load`; `HybridAdam.__init__` loads the fused CUDA Adam kernel (`FusedOptimBuilder.load`:
+  the same arithmetic in torch, `_torch_multi_tensor_adam`) and allocates its overflow flag with
+  `torch.cuda.IntTensor` (a CPU int tensor here).
+- the other plugins: `LowLevelZeroOptimizer._sanity_checks` sees `torch.cuda.is_available()` true for the
+  length of that call (it asserts "CUDA is required"); `torch.cuda.Stream/current_stream/stream/synchronize`
+  are no-ops; `torch.cuda.FloatTensor` (the norm buffers of LowLevelZero and HybridParallel) makes a CPU
+  tensor; and a `TorchFunctionMode` keeps `.cuda()` (TorchDDP and HybridParallel move the model with it)
+  and `device="cuda"` factory calls (LowLevelZero's step gathers shards into them) on the CPU. Not used
+  for Gemini cells, whose ColoParameters dispatch their own `__torch_function__` (the param-op hook).
 
 Nothing of Gemini's freeze logic is patched: `GeminiDDP._preprocess_param`/`_init_chunks` (chunk
 initialisation, frozen params ignored), `grad_handle`, `_post_backward`, `GeminiZeROHook`, the param-op
@@ -59,14 +85,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ...core.cell import Cell
+from ..base import Probe
 from ..emulation import Patch, Shim, always
+from .compat import has_accelerator_api
 
 #: What the emulated CUDA accelerator calls its current device (host memory, unequal to `cpu`).
 EMULATED_DEVICE = torch.device("cpu", 0)
@@ -120,15 +150,20 @@ def _configure_on_cpu(device: torch.device) -> Callable[[Callable[[], None], Any
 # -- Gemini ---------------------------------------------------------------------------------------------
 
 
-class _CudaLabel:
+class _CudaLabel(str):
     """`cpu:0` as chunk code's `device.type` tests must see it: type "cuda", equal to `cpu:0`.
 
-    Only `Chunk.shard_move`, `ChunkManager.move_chunk` and `Chunk.shard_device` hand it out, and those
-    only read `.type` and compare it with `get_accelerator().get_current_device()`; torch never sees it.
+    `Chunk.shard_move`, `ChunkManager.move_chunk` and `Chunk.shard_device` hand it to chunk code, which only reads
+    `.type` and compares it with the current device; the map of grad devices that placement fills holds it too,
+    where GeminiDDP tests `.type` and GeminiOptimizer allocates on it: as a string ("cpu:0") torch takes it for
+    `cpu:0`.
     """
 
     type = "cuda"
-    index = 0
+    index = 0  # type: ignore[assignment]  (torch.device's field; str's method is never called on a device)
+
+    def __new__(cls) -> _CudaLabel:
+        return super().__new__(cls, str(EMULATED_DEVICE))
 
     def __eq__(self, other: object) -> bool:
         return other is self or (isinstance(other, torch.device) and other == EMULATED_DEVICE)
@@ -248,6 +283,23 @@ def _shard_device(report: Callable[[], None], original: Any) -> property:
     return property(get, set_)
 
 
+def _grads_device_labelled(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
+    """Placement's map of grad devices: `cpu:0` entries read as "cuda". GeminiDDP compares a master chunk's
+    device type with its entry and moves the chunk "to CUDA" when they differ: 0.3.x closes every static chunk
+    offloaded first, so with `cpu:0` (type "cpu") there the masters would stay offloaded as on no GPU."""
+
+    @functools.wraps(original)
+    def setup_grads_device(self: Any, params: Any, grads_device_map: dict[Any, Any]) -> None:
+        original(self, params, grads_device_map)
+        for param, device in grads_device_map.items():
+            labelled = _labelled(device)
+            if labelled is not device:
+                report()
+                grads_device_map[param] = labelled
+
+    return setup_grads_device
+
+
 def _device_argument(position: int) -> Callable[[Callable[[], None], Any], Any]:
     """A method whose `device` argument (at `position` after self) is labelled "cuda" when it is `cpu:0`."""
 
@@ -309,12 +361,56 @@ class _TorchCPUAdamExtension:
 
 
 def _cpu_adam_loader(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
+    """`CPUAdamLoader.load(ext_name)` (0.3.6 on) or `CPUAdamBuilder.load(verbose)` (0.3.x)."""
+
     @functools.wraps(original)
-    def load(self: Any, ext_name: str | None = None) -> Any:
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
         report()
         return _TorchCPUAdamExtension
 
     return load
+
+
+def _torch_multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]],
+                             lr: float, beta1: float, beta2: float, eps: float, step: int, adamw_mode: int,
+                             bias_correction: int, weight_decay: float, div_scale: float = -1) -> None:
+    """ColossalAI's fused `multi_tensor_adam` CUDA kernel (grads, params, exp_avg, exp_avg_sq lists) in torch:
+    per tensor, the same update as the CPU kernel (grad / div_scale, then `torch_adam_update`)."""
+    with torch.no_grad():
+        for grad, param, exp_avg, exp_avg_sq in zip(*tensor_lists):
+            _cpu_adam_kernel_math(step, lr, beta1, beta2, eps, weight_decay, bool(bias_correction), param, grad,
+                                  exp_avg, exp_avg_sq, div_scale, bool(adamw_mode))
+
+
+class _TorchFusedOptim:
+    multi_tensor_adam = staticmethod(_torch_multi_tensor_adam)
+
+
+def _fused_optim_builder(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
+    """0.3.x's `FusedOptimBuilder.load` (HybridAdam loads it whether or not CUDA is there; it would JIT-build)."""
+
+    @functools.wraps(original)
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        report()
+        return _TorchFusedOptim
+
+    return load
+
+
+def _cpu_int_tensor(report: Callable[[], None], original: Any) -> Callable[..., torch.Tensor]:
+    def int_tensor(*args: Any, **kwargs: Any) -> torch.Tensor:
+        report()
+        return torch.IntTensor(*args, **kwargs)
+
+    return int_tensor
+
+
+def _cpu_float_tensor(report: Callable[[], None], original: Any) -> Callable[..., torch.Tensor]:
+    def float_tensor(*args: Any, **kwargs: Any) -> torch.Tensor:
+        report()
+        return torch.FloatTensor(*args, **kwargs)
+
+    return float_tensor
 
 
 #: The GeminiOptimizer whose `step` is running (HybridAdam.step asks it where each param's chunk lives).
@@ -415,33 +511,183 @@ def _device_capacity(report: Callable[[], None], original: Callable[..., Any]) -
 
 
 def _gemini_patches() -> list[Patch]:
-    import colossalai.accelerator.api as accelerator_api
-    import colossalai.legacy.utils.memory  # noqa: F401  (auto placement imports it lazily; patched in place)
-    from colossalai.kernel.kernel_loader import CPUAdamLoader
     from colossalai.nn.optimizer import HybridAdam
     from colossalai.zero.gemini.chunk import Chunk, ChunkManager
+    from colossalai.zero.gemini.gemini_mgr import GeminiManager
     from colossalai.zero.gemini.gemini_optimizer import GeminiOptimizer
     from colossalai.zero.gemini.memory_tracer.memory_monitor import SyncCudaMemoryMonitor
 
-    legacy_memory = sys.modules["colossalai.legacy.utils.memory"]
+    device = _accelerator_patches() if has_accelerator_api() else _legacy_gemini_device_patches()
     return [
-        Patch(accelerator_api, "_ACCELERATOR", _emulated_accelerator,
-              "colossalai accelerator: CPU named 'cuda' (current device cpu:0; streams, events, synchronize, "
-              "empty_cache, memory queries are no-ops)"),
+        *device,
         Patch(Chunk, "shard_device", _shard_device, "Chunk.shard_device cpu:0 reads as type 'cuda'"),
         Patch(Chunk, "shard_move", _device_argument(0), "Chunk.shard_move: cpu:0 passed as type 'cuda'"),
         Patch(ChunkManager, "move_chunk", _device_argument(1),
               "ChunkManager.move_chunk: cpu:0 passed as type 'cuda'"),
-        Patch(CPUAdamLoader, "load", _cpu_adam_loader,
-              "CPUAdamLoader.load -> CPU-Adam kernel arithmetic in torch (torch_adam_update after grad/div_scale)"),
+        Patch(GeminiManager, "setup_grads_device", _grads_device_labelled,
+              "GeminiManager.setup_grads_device: cpu:0 entries read as type 'cuda'"),
+        *_adam_kernel_patches(),
         Patch(GeminiOptimizer, "step", _gemini_step, "GeminiOptimizer.step makes itself known to HybridAdam.step"),
         Patch(HybridAdam, "step", _hybrid_adam_step,
               "HybridAdam.step: params on the emulated CUDA device get the fused CUDA Adam kernel's arithmetic "
               "in torch (grad/div_scale, then torch_adam_update)"),
         Patch(SyncCudaMemoryMonitor, "start", always(_no_op), "SyncCudaMemoryMonitor.start is a no-op"),
         Patch(SyncCudaMemoryMonitor, "finish", _memory_monitor_finish, "SyncCudaMemoryMonitor.finish reads 0 bytes"),
-        Patch(legacy_memory, "colo_device_memory_capacity", _device_capacity,
-              "colossalai.legacy.utils.memory.colo_device_memory_capacity(cpu:0) -> 80 GiB"),
+        *_device_capacity_patches(),
+        _reduce_scatter_patch(),
+    ]
+
+
+def _accelerator_patches() -> list[Patch]:
+    import colossalai.accelerator.api as accelerator_api
+
+    return [Patch(accelerator_api, "_ACCELERATOR", _emulated_accelerator,
+                  "colossalai accelerator: CPU named 'cuda' (current device cpu:0; streams, events, synchronize, "
+                  "empty_cache, memory queries are no-ops)")]
+
+
+#: The modules a Gemini cell runs through, imported by the Gemini plugin or lazily by auto placement.
+GEMINI_MODULES = ("colossalai.booster.plugin.gemini_plugin", "colossalai.zero.gemini.placement_policy",
+                  "colossalai.zero.gemini.memory_tracer.chunk_memstats_collector", "colossalai.zero.gemini.utils")
+
+
+def _legacy_gemini_device_patches() -> list[Patch]:
+    """0.3.x: each module binds `colossalai.utils.get_current_device` at import (the CPU without CUDA)."""
+    from colossalai.utils import cuda as cuda_utils
+
+    for module in GEMINI_MODULES:  # loaded before looking for the name they bind
+        importlib.import_module(module)
+
+    original = cuda_utils.get_current_device
+    owners = [module for name, module in sorted(sys.modules.items())
+              if name.startswith("colossalai") and getattr(module, "get_current_device", None) is original]
+    return [Patch(module, "get_current_device", always(lambda: EMULATED_DEVICE),
+                  "colossalai.utils.get_current_device -> cpu:0 (the emulated CUDA device; this release has no "
+                  "accelerator API)") for module in owners] + [
+        Patch(torch.cuda, "IntTensor", _cpu_int_tensor, "torch.cuda.IntTensor -> a CPU IntTensor")]
+
+
+def _adam_kernel_patches() -> list[Patch]:
+    """The CPU-Adam kernel's loader, and (0.3.x, where HybridAdam always loads it) the fused CUDA Adam kernel's."""
+    what = "-> CPU-Adam kernel arithmetic in torch (torch_adam_update after grad/div_scale)"
+    try:
+        from colossalai.kernel.kernel_loader import CPUAdamLoader
+    except ImportError:  # 0.3.x: op_builder
+        from colossalai.kernel.op_builder import CPUAdamBuilder, FusedOptimBuilder
+
+        return [Patch(CPUAdamBuilder, "load", _cpu_adam_loader, f"CPUAdamBuilder.load {what}"),
+                Patch(FusedOptimBuilder, "load", _fused_optim_builder,
+                      "FusedOptimBuilder.load -> fused CUDA Adam kernel arithmetic in torch (never JIT-built)")]
+    return [Patch(CPUAdamLoader, "load", _cpu_adam_loader, f"CPUAdamLoader.load {what}")]
+
+
+def _device_capacity_patches() -> list[Patch]:
+    """`colo_device_memory_capacity` where auto placement looks it up: its own module (imported lazily from 0.3.5
+    on), and the name `placement_policy` bound at import in 0.3.x."""
+    import colossalai.legacy.utils.memory  # noqa: F401  (patched in place)
+    import colossalai.zero.gemini.placement_policy as placement_policy
+
+    what = "colossalai.legacy.utils.memory.colo_device_memory_capacity(cpu:0) -> 80 GiB"
+    owners = [sys.modules["colossalai.legacy.utils.memory"]]
+    if hasattr(placement_policy, "colo_device_memory_capacity"):
+        owners.append(placement_policy)
+    return [Patch(owner, "colo_device_memory_capacity", _device_capacity, what) for owner in owners]
+
+
+def _gloo_reduce_scatter(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
+    """`dist.reduce_scatter` (a list of inputs) over gloo, which lacks it: all-reduce the inputs laid end to end
+    (the same sum), keep this rank's part. Other backends, and `reduce_scatter_tensor`, as shipped."""
+    import torch.distributed as dist
+
+    @functools.wraps(original)
+    def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = dist.ReduceOp.SUM,
+                       group: Any = None, async_op: bool = False) -> Any:
+        if async_op or dist.get_backend(group) != "gloo":
+            return original(output, input_list, op=op, group=group, async_op=async_op)
+        report()
+        flat = torch.cat([t.reshape(-1) for t in input_list])
+        dist.all_reduce(flat, op=op, group=group)
+        sizes = [t.numel() for t in input_list]
+        output.copy_(flat.split(sizes)[dist.get_rank(group)].view_as(output))
+        return None
+
+    return reduce_scatter
+
+
+def _reduce_scatter_patch() -> Patch:
+    """0.3.x reduce-scatters Gemini's sharded chunks and ZeRO-2's buckets with the list API; later releases use
+    `reduce_scatter_tensor` (which gloo has), so there it never engages."""
+    import torch.distributed as dist
+
+    return Patch(dist, "reduce_scatter", _gloo_reduce_scatter,
+                 "torch.distributed.reduce_scatter over gloo -> all_reduce, keep this rank's part")
+
+
+# -- the other plugins ----------------------------------------------------------------------------------
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """0.3.x's `.cuda()` and `device="cuda"` stay on the CPU (the model and every tensor already live there)."""
+
+    def __init__(self, probe: Probe) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            self.probe.emulated("Tensor.cuda() is a no-op (TorchFunctionMode)")
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            self.probe.emulated("device='cuda' -> cpu (TorchFunctionMode)")
+            kwargs["device"] = torch.device("cpu")
+        return func(*args, **kwargs)
+
+
+def _sanity_checks_with_cuda_available(report: Callable[[], None],
+                                       original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def sanity_checks(self: Any) -> None:
+        if torch.cuda.is_available():
+            return original(self)
+        report()
+        real_is_available = torch.cuda.is_available
+        torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+        try:
+            return original(self)
+        finally:
+            torch.cuda.is_available = real_is_available
+
+    return sanity_checks
+
+
+def _accelerator_stream_patches() -> list[Patch]:
+    from colossalai.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.name != "cpu":
+        return []
+    return [Patch(accelerator, name, always(value), f"CpuAccelerator.{name} is a no-op")
+            for name, value in (("Stream", _no_op), ("current_stream", _no_op), ("stream", _null_context))]
+
+
+def _legacy_cuda_patches() -> list[Patch]:
+    """0.3.x calls torch.cuda directly: streams and synchronize (no-ops on a synchronous device), norm buffers."""
+    from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
+
+    return [
+        Patch(LowLevelZeroOptimizer, "_sanity_checks", _sanity_checks_with_cuda_available,
+              "LowLevelZeroOptimizer._sanity_checks sees torch.cuda.is_available()"),
+        *[Patch(torch.cuda, name, always(value), f"torch.cuda.{name} is a no-op")
+          for name, value in (("Stream", _NoStream), ("current_stream", _NoStream), ("stream", _null_context),
+                              ("synchronize", _no_op))],
+        Patch(torch.cuda, "FloatTensor", _cpu_float_tensor, "torch.cuda.FloatTensor -> a CPU FloatTensor"),
     ]
 
 
@@ -449,19 +695,23 @@ class ColossalAIShim(Shim):
     def patches(self, cell: Cell, device: torch.device) -> list[Patch]:
         if cell.key.plugin.startswith("gemini"):
             return _gemini_patches()
-        from colossalai.accelerator import get_accelerator
         from colossalai.booster.plugin.torch_fsdp_plugin import TorchFSDPPlugin
         from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
 
-        accelerator = get_accelerator()
-        patches = [Patch(accelerator, name, always(value), f"CpuAccelerator.{name} is a no-op")
-                   for name, value in (("Stream", _no_op), ("current_stream", _no_op), ("stream", _null_context))
-                   ] if accelerator.name == "cpu" else []
-        return [*patches,
+        if not has_accelerator_api():
+            return [*_legacy_cuda_patches(), _reduce_scatter_patch(),
+                    Patch(TorchFSDPPlugin, "configure", _configure_on_cpu(device),
+                          "torch.cuda.current_device -> cpu during TorchFSDPPlugin.configure")]
+        return [*_accelerator_stream_patches(),
                 Patch(LowLevelZeroOptimizer, "_sanity_checks", _sanity_checks_on_cuda,
                       "LowLevelZeroOptimizer._sanity_checks sees accelerator 'cuda'"),
                 Patch(TorchFSDPPlugin, "configure", _configure_on_cpu(device),
                       "torch.cuda.current_device -> cpu during TorchFSDPPlugin.configure")]
+
+    def contexts(self, cell: Cell, probe: Probe, device: torch.device) -> list[contextlib.AbstractContextManager]:
+        if cell.key.plugin.startswith("gemini") or has_accelerator_api():
+            return []
+        return [_CudaToCpu(probe)]
 
 
 SHIM = ColossalAIShim()

@@ -1,0 +1,81 @@
+"""Where ColossalAI's releases differ in what the adapter calls, one small function per difference.
+
+The matrix runs 0.3.4 (the last release with C1's param-op hook assert), 0.4.7 (the last before LazyInit kept
+`requires_grad`, C2) and 0.5.0. Each function detects the feature it needs (an attribute, a keyword, a module)
+and falls back to what the older release offers; none changes what the stack does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def has_accelerator_api() -> bool:
+    """`colossalai.accelerator` (0.3.5 on) picks the device; up to 0.3.4 `colossalai.utils.get_current_device`
+    and direct `torch.cuda` calls do, so the CPU shim needs other patches there."""
+    return importlib.util.find_spec("colossalai.accelerator") is not None
+
+
+def unwrap_model(model: Any) -> nn.Module:
+    """The bare model behind a boosted one, a peft model kept whole (its names are the ones the cell froze by).
+
+    0.5.0's `ModelWrapper.unwrap` also unwraps a peft model unless `unwrap_peft=False`; earlier releases take
+    no argument and never unwrap peft."""
+    if "unwrap_peft" in inspect.signature(model.unwrap).parameters:
+        return model.unwrap(unwrap_peft=False)
+    return model.unwrap()
+
+
+def reuses_fp16_chunk(gemini_model: Any) -> bool:
+    """Whether Gemini writes a param's grad into its own bf16 chunk (else into `chunk.grad_chunk`).
+
+    The flag sits on `ChunkManager` from 0.4 on and on `GeminiDDP` itself in 0.3.x."""
+    manager = gemini_model.chunk_manager
+    if hasattr(manager, "reuse_fp16_chunk"):
+        return bool(manager.reuse_fp16_chunk)
+    return bool(gemini_model.reuse_fp16_chunk)
+
+
+def reported_grad_norm(optimizer: Any) -> tuple[float | None, str | None]:
+    """(the norm the last `step()` clipped by, None) where the optimizer reports it (`get_grad_norm`, 0.4 on);
+    (None, why) where the release keeps that norm to itself (0.3.x computes it inside `step()` and drops it)."""
+    get_grad_norm = getattr(optimizer, "get_grad_norm", None)
+    if get_grad_norm is None:
+        return None, f"{type(optimizer).__name__} of this release has no get_grad_norm (added in 0.4)"
+    norm = get_grad_norm()
+    return (None if norm is None else float(norm)), None
+
+
+def zero_grad_access(optimizer: Any, documented: str) -> str:
+    """Where a ZeRO param's grad is read, for the report: `documented` (`get_param_grad`) where the release has
+    it, else the 0.3.x grad store that `zero_param_grad` reads."""
+    if hasattr(optimizer, "get_param_grad"):
+        return documented
+    return ("optimizer._grad_store._grads_of_params[group][id(param)] (this release has no get_param_grad; "
+            "param.grad is None): the working slice all-gathered; params outside the optimizer keep their "
+            "rank-local param.grad")
+
+
+def zero_param_grad(optimizer: Any, param: nn.Parameter) -> torch.Tensor | None:
+    """A ZeRO param's full, reduced grad (a collective), or None where it got none.
+
+    `LowLevelZeroOptimizer.get_param_grad` from 0.4 on; in 0.3.x the grad store keeps, per param group and
+    param id, the slices this rank holds (every rank's slice under stage 1, its own under stage 2, at
+    `_working_index`): gather the working slice from every rank as `get_param_grad` does."""
+    if hasattr(optimizer, "get_param_grad"):
+        return optimizer.get_param_grad(param)
+    store = optimizer._grad_store
+    slices = next((group[id(param)] for group in store._grads_of_params.values() if id(param) in group), None)
+    if not slices:
+        return None
+    local = slices[store._working_index].flatten()
+    world_size = dist.get_world_size(group=optimizer.dp_pg)
+    gathered = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(gathered, local, group=optimizer.dp_pg)
+    return torch.cat(gathered)[: param.numel()].view_as(param)
