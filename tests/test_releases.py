@@ -79,6 +79,13 @@ def test_the_environment_listing_and_the_any_release_rule(matrix):
     assert [r.version for r in alpha.releases] == ["0.32.1", "0.23.5"] and alpha.environment == "alpha"
     assert list(matrix.environments) == ["alpha", "alpha-0.23"] and alpha.any_release == ("alpha=={release} torch",)
     assert matrix.values("release") == ["0.32.1", "0.23.5"]
+    assert [env.python for env in matrix.environments.values()] == ["", ""]
+
+
+def test_an_environment_may_name_its_python(tmp_path):
+    path = tmp_path / "matrix.toml"
+    path.write_text(MATRIX.replace('name = "alpha-0.23"\n', 'name = "alpha-0.23"\npython = "3.10"\n'))
+    assert spec.load(path).environments["alpha-0.23"].python == "3.10"
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -86,6 +93,7 @@ def test_the_environment_listing_and_the_any_release_rule(matrix):
     ('name = "alpha-0.23"\nrelease = "soon"', "release 'soon' is not a version"),
     ('name = "alpha-0.23"', "needs `release`"),
     ('name = "Alpha 0.23"\nrelease = "0.23.4"', "is not lowercase letters"),
+    ('name = "alpha-0.23"\nrelease = "0.23.5"\npython = "3"', "python '3' is not 3.<minor>"),
 ])
 def test_bad_environment_tables_are_one_line(tmp_path, change, message):
     text = MATRIX.replace('name = "alpha-0.23"\nrelease = "0.23.5"', change, 1)
