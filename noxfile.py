@@ -45,6 +45,19 @@ def environments() -> dict[str, dict[str, Any]]:
     return json.loads(found.stdout)
 
 
+def interpreter(version: str) -> str:
+    """A Python `version` (`3.10`) to build a virtualenv with: on PATH, or installed by pyenv (whose shim for a
+    version that is not pyenv's global one refuses to run), or a one-line stop naming what to install."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = [shutil.which(f"python{version}"), *sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}")),
+                                                            reverse=True), f"/usr/bin/python{version}"]
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "--version"], capture_output=True, check=False).returncode == 0:
+            return candidate
+    raise SystemExit(f"an environment needs Python {version}, found neither on PATH nor under {pyenv}: "
+                     f"install it (pyenv install {version}, or apt-get install python{version}-venv)")
+
+
 class Environment:
     """One pin set's virtualenv, shared by the sessions that need it (nox would build one per session):
     rebuilt only when its pins or the interpreter change, the checkout installed editable each time."""
@@ -56,8 +69,8 @@ class Environment:
         wanted = json.dumps({"python": python or sys.version, "pins": pins})
         if not (stamp.is_file() and stamp.read_text() == wanted and self.bin("python").exists()):
             shutil.rmtree(self.location, ignore_errors=True)
-            interpreter = ["-p", f"python{python}"] if python else []  # a release that needs another Python
-            session.run_install(sys.executable, "-m", "virtualenv", "-q", *interpreter, str(self.location))
+            other = ["-p", interpreter(python)] if python else []  # a release that needs another Python
+            session.run_install(sys.executable, "-m", "virtualenv", "-q", *other, str(self.location))
             for requirement in pins:  # one pip call per requirement string, in order: some stacks need torch first
                 self.pip("install", *requirement.split())
             stamp.write_text(wanted)
