@@ -130,6 +130,8 @@ def test_the_change_across_releases_is_placed_between_the_runs_or_where_a_bisect
     assert releases.across_releases(rows, found)[0].changes[0].label == "fixed in 0.24.0 (bisected)"
     broke = releases.across_releases([row("2.7.1", "pass"), row("2.13.0", "error")])[0].changes[0]
     assert broke.label == "broke after 2.7.1, by 2.13.0"  # versions compare as versions, not strings
+    other = releases.across_releases([row("0.23.5", "error", "old-refusal"), row("0.32.1", "error")])[0].changes[0]
+    assert other.label == "changed after 0.23.5, by 0.32.1"  # still red, another way: `known` -> `error`
 
 
 def test_final_releases_read_from_pip_index_versions():

@@ -64,7 +64,9 @@ def first_changed(bisections: Iterable[dict[str, Any]], cell: str) -> str | None
 
 def across_releases(cells: Iterable[dict[str, Any]], bisections: Iterable[dict[str, Any]] = ()
                     ) -> list[FrameworkReleases]:
-    """Per framework run on two or more releases: the cells whose displayed status differs between them."""
+    """Per framework run on two or more releases: the cells whose displayed status differs between them (a fix or
+    a break where red turns pass or back; "changed" where it fails another way: `fail` -> `error`, `known` ->
+    `error`)."""
     bisections = list(bisections)
     by_framework: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     for row in cells:
@@ -83,7 +85,7 @@ def across_releases(cells: Iterable[dict[str, Any]], bisections: Iterable[dict[s
             statuses = {r: display_status(per[r]) for r in releases if r in per and per[r]["status"] != "skip"}
             common += len(statuses) == len(releases)
             ordered = [(r, statuses[r]) for r in releases if r in statuses]
-            steps = [(a, b) for a, b in pairwise(ordered) if red(a[1]) != red(b[1])]
+            steps = [(a, b) for a, b in pairwise(ordered) if a[1] != b[1]]
             if not steps:
                 continue
             bisected = first_changed(bisections, same)
