@@ -6,7 +6,8 @@ its `matrix-<env>` and `tests-<env>` sessions (built once per pin set, not once 
   nox -t tests    build every environment, run the plugin's tests that belong to it; then a built wheel
                   in fresh venvs, with and without torch
   nox -s matrix-torch -- --freeze-matrix-select=plugin=fsdp2   one slice, extra pytest args
-FREEZECOMPAT_DROP_ENVIRONMENTS=1 removes each environment once its tests ran (CI: one CUDA torch on disk at a time).
+FREEZECOMPAT_DROP_ENVIRONMENTS=1 removes each environment once its tests or its slice ran (CI: one CUDA torch on disk
+at a time; all ten environments together take ~45 GB).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def _matrix_session(name: str, pins: list[str], python: str) -> None:
         env.run("pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
                 f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", "examples",
                 *session.posargs, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
+        env.drop_if_asked()
 
 
 def _tests_session(name: str, pins: list[str], frameworks: list[str], python: str) -> None:
