@@ -11,9 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from ..core.records import STATUSES, display_status
+from .releases import release_order
 
 Cell = dict[str, Any]
 #: Summary columns: raw statuses, then the registry's verdicts on some of them.
@@ -137,16 +136,10 @@ def by_release(cells: list[Cell], order: Order) -> tuple[list[Cell], Order]:
     shown = [{**cell, "framework": f"{cell['framework']}@{cell['release']}"} if cell.get("release") else cell
              for cell in cells]
     rank = {fw: k for k, fw in enumerate(order.get("framework", ()))}
-
-    def place(label: str) -> tuple[int, str, int, Version | str]:
-        framework, _, release = label.partition("@")
-        try:
-            return rank.get(framework, len(rank)), framework, 0, Version(release)
-        except InvalidVersion:
-            return rank.get(framework, len(rank)), framework, 1, release
-
-    ascending = sorted(dict.fromkeys(c["framework"] for c in shown), key=place)
-    ranked = sorted(ascending, key=lambda label: (place(label)[:2], -ascending.index(label)))
+    newest_first = sorted(dict.fromkeys(c["framework"] for c in shown),
+                          key=lambda label: release_order(label.partition("@")[2]), reverse=True)
+    ranked = sorted(newest_first, key=lambda label: (rank.get(label.partition("@")[0], len(rank)),
+                                                     label.partition("@")[0]))  # stable: newest first stays
     return shown, {**order, "framework": ranked}
 
 

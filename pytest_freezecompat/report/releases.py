@@ -36,7 +36,8 @@ class FrameworkReleases:
     changes: list[Change]
 
 
-def _order(release: str) -> tuple[int, Version | str]:
+def release_order(release: str) -> tuple[int, Version | str]:
+    """Sort key for releases: versions as versions (2.13.0 after 2.9.0), anything unparsable after them."""
     try:
         return 0, Version(release)
     except InvalidVersion:
@@ -76,7 +77,7 @@ def across_releases(cells: Iterable[dict[str, Any]], bisections: Iterable[dict[s
         by_framework.setdefault(row["framework"], {}).setdefault(same, {})[row["release"]] = row
     tables = []
     for framework, rows in by_framework.items():
-        releases = sorted({r for per in rows.values() for r in per}, key=_order)
+        releases = sorted({r for per in rows.values() for r in per}, key=release_order)
         if len(releases) < 2:
             continue
         changes = []
