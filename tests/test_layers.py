@@ -30,7 +30,7 @@ MAY_IMPORT = {
     "__init__": set(),
 }
 #: What every adapter may share (the rest of `adapters/` is one package per framework).
-SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize")
+SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize", "saved_files")
 #: Modules that a plain `pytest` run (plugin installed, no matrix) or the report tools import: no torch.
 TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "options", "cli", "bisect", "__init__")
 

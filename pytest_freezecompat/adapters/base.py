@@ -73,6 +73,19 @@ class Probe(Protocol):
 
     def after_step(self, step: int, view: ModelView) -> None: ...
 
+    def saved(self, api: str, step: int, contents: object) -> None:
+        """The round trip saved after `step` through `api`; `contents` is a `loop.Saved` of what the files hold."""
+
+    def save_failed(self, api: str, step: int, exc: BaseException) -> None:
+        """Saving through `api` raised: the round trip failed; the run goes on without it."""
+
+    def resuming(self, what: str) -> None:
+        """From here on the run is the resumed one: its phases read `resume: ...`, its steps are recorded apart,
+        and an error belongs to the round trip."""
+
+    def loaded(self, view: ModelView) -> None:
+        """After the fresh loop loaded, before its first step."""
+
 
 class Shim(Protocol):
     """A CUDA-on-CPU shim (`adapters.emulation.Shim` is the one implementation to subclass)."""

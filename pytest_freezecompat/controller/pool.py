@@ -273,7 +273,7 @@ class RankPool:
                 elif isinstance(message, Reply):
                     states[rank].record = message.record
                     pending.discard(rank)
-                    if message.record.error is not None and first_error_at is None:
+                    if message.record.raised is not None and first_error_at is None:
                         first_error_at = time.monotonic()
             if any(self._procs[r].poll() is not None for r in pending):
                 return Outcome.CRASH
@@ -283,7 +283,7 @@ class RankPool:
         """After a finished cell: keep the ranks (and their default group) if it ended cleanly on every rank
         and they agree on the collectives they ran; else replace them before the next cell (a fork)."""
         records = [state.record for state in states if state.record is not None]
-        if any(record.error is not None for record in records):
+        if any(record.raised is not None for record in records):
             self.close()
             return
         disagreement = _collectives_disagree(records)

@@ -116,6 +116,8 @@ class Cell:
     known_issue: str | None = None
     user_model: UserModel | None = None
     tolerance: dict[str, float] = field(default_factory=dict)
+    #: Tests only: a param the round trip leaves out of what it loads, proving the `resume` check catches it.
+    break_load: str | None = None
 
     @property
     def id(self) -> str:

@@ -25,7 +25,7 @@ CLIP_VALUES = ("clip", "no-clip")
 USER_AXES = ("model", "freeze")
 ID_SEPARATOR = "/"
 #: The checks a cell's verdict is made of, in the order they are reported.
-CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update")
+CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update", "resume")
 #: The freeze-pattern group that stands for every parameter of a model.
 ALL_GROUP = "all"
 
@@ -83,6 +83,14 @@ def clip(text: str, limit: int) -> str:
     return window + "…"  # one token longer than two thirds of the limit: nothing better to cut at
 
 
+#: A message that carries its ranks' tracebacks (torch DCP's CheckpointException): its cause is their last line.
+_EMBEDDED_TRACEBACK = "Traceback (most recent call last)"
+
+
 def headline(text: str, limit: int = HEADLINE_CHARS) -> str:
-    """An exception's message as one line: its first paragraph (torch wraps long hints over several lines), clipped."""
+    """An exception's message as one line: its first paragraph (torch wraps long hints over several lines), clipped;
+    where it embeds tracebacks, their last line (the error they end in)."""
+    if _EMBEDDED_TRACEBACK in text:
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        return clip(f"{lines[0].split(_EMBEDDED_TRACEBACK)[0].strip()}: {lines[-1]}", limit)
     return clip((text.strip().split("\n\n") or [""])[0], limit)

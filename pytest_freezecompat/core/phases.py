@@ -16,11 +16,13 @@ from .messages import RENDEZVOUS_PHASE
 #: - `prepare`: data, adapter import, shim; `groups`: a framework's parallel state (Megatron's, 0 when kept);
 #: - `tidy`: after a clean cell; `dispatch`: the pipe both ways and what the rank does outside its phases
 #:   (the controller's wall time minus rank 0's phases); `judge`: the verdict.
-KINDS = ("restart", "join", "prepare", "groups", "build", "wrap", "steps", "probes", "reference", "tidy",
+#: - `resume`: the model-checkpoint round trip (save, tear down, rebuild, load, the resumed steps and their reads).
+KINDS = ("restart", "join", "prepare", "groups", "build", "wrap", "steps", "probes", "resume", "reference", "tidy",
          "dispatch", "judge")
 
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(pattern)) for kind, pattern in (
     ("join", re.escape(RENDEZVOUS_PHASE)),
+    ("resume", r"^resume"),
     ("prepare", r"process group ready|setup$"),
     ("groups", r"initialize_model_parallel"),
     ("build", r"build model|LazyInitContext"),

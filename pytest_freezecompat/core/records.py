@@ -67,6 +67,27 @@ class StepFacts:
     params: dict[str, Any] | None = None
 
 
+@dataclass
+class ResumeFacts:
+    """The model-checkpoint round trip as a rank saw it (`adapters.loop.train`): saved after step `saved_after`
+    through the stack's own API, torn down, rebuilt and frozen as a user's script does, loaded, trained on.
+
+    Rank 0 keeps the tensors. `saved_params` / `saved_state`: the bare model's names whose values, and whose
+    optimizer state, the saved files hold (None where the adapter cannot read its files back)."""
+
+    api: str = ""
+    saved_after: int = 0
+    saved_params: tuple[str, ...] | None = None
+    saved_state: tuple[str, ...] | None = None
+    saved_trainable_only: bool = False  # an adapter-only save (peft): frozen params come from the base model
+    requires_grad: dict[str, bool] | None = None  # after load
+    tracked: tuple[str, ...] | None = None  # the resumed optimizer's set, after load
+    loaded: dict[str, Any] | None = None  # rank 0: full params after load, before the next step
+    steps: list[StepFacts] = field(default_factory=list)  # by step number; the steps before the save stay empty
+    #: Raised while saving, loading or in a resumed step: the round trip failed (the run before it is judged).
+    error: RankError | None = None
+
+
 @dataclass(frozen=True)
 class PlanFacts:
     """The cell's `FreezePlan`, by original parameter name."""
@@ -94,13 +115,22 @@ class RankRecord:
     reference: list[StepFacts] | None = None  # rank 0: the single-process reference's steps
     #: rank 0, low-precision cells: the same reference run as mixed precision does (the precision's own spread)
     reference_mixed: list[StepFacts] | None = None
+    #: rank 0, where grads accumulate outside the optimizer: the reference resumed after the save (no grad
+    #: survives a checkpoint), so the round trip is judged by what resuming itself changes.
+    reference_resumed: list[StepFacts] | None = None
     init_matches_eager: bool = True
     error: RankError | None = None
+    resume: ResumeFacts | None = None
     #: Seconds per phase kind (`core.phases`), this rank's view.
     phases_s: dict[str, float] = field(default_factory=dict)
     group_kept: bool = False  # the cell ran on the default group this rank kept from its last cell
     #: Group name -> collectives this rank issued on it by the cell's end (the controller compares ranks).
     collectives: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def raised(self) -> RankError | None:
+        """What this rank raised: in the run, or in the round trip after it."""
+        return self.error or (self.resume.error if self.resume else None)
 
 
 @dataclass
@@ -166,6 +196,8 @@ class CellRecord:
     group_kept: bool | None = None
     #: True for a user's `@freeze_case` cell: its model and patterns are not the registry's names.
     user_model: bool | None = None
+    #: The model-checkpoint API the `resume` check went through (None: no round trip, e.g. a refusal).
+    resume_api: str | None = None
 
     @property
     def id(self) -> str:
@@ -176,7 +208,7 @@ class CellRecord:
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
         for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
-                         "rendezvous_retries", "phases_s", "group_kept", "user_model"):
+                         "rendezvous_retries", "phases_s", "group_kept", "user_model", "resume_api"):
             if data[optional] is None:
                 del data[optional]
         return data

@@ -37,12 +37,15 @@ def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
-        model: nn.Module, loss_of: LossOf, compute_dtype: torch.dtype | None = None) -> list[ReferenceStep]:
+        model: nn.Module, loss_of: LossOf, compute_dtype: torch.dtype | None = None,
+        resumed_after: int | None = None) -> list[ReferenceStep]:
     """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
 
     `model` is bare and single-process, with the same parameter names as the cell's model
     (its values are replaced by `initial`); `loss_of(model, batch)` computes its loss.
     `compute_dtype`: run as mixed precision does, with the model in that dtype and fp32 masters.
+    `resumed_after`: the process stops after that step and resumes from a model checkpoint: no grad survives
+    (grads of params outside the optimizer stop accumulating there).
     """
     h = cell.hyper
     with torch.no_grad():
@@ -58,7 +61,10 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     optimizer = (torch.optim.AdamW(optimized, lr=h.lr, betas=h.betas, eps=h.eps, weight_decay=h.weight_decay)
                  if optimized else None)
     steps = []
-    for batch in batches:
+    for step, batch in enumerate(batches):
+        if step - 1 == resumed_after:
+            for param in (*params.values(), *masters.values()):
+                param.grad = None
         # The canonical loop zeroes through the optimizer: with an optimizer over a subset,
         # grads of params outside it accumulate (and count in the clip norm), as they do for users.
         if optimizer is not None:

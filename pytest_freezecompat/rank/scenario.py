@@ -22,13 +22,21 @@ from ..core.cell import Cell
 from ..core.freeze import FreezePlan, resolve
 from ..core.names import headline, import_ref, short_paths
 from ..core.phases import kind_of
-from ..core.records import PlanFacts, RankError, RankRecord, StepFacts
+from ..core.records import PlanFacts, RankError, RankRecord, ResumeFacts, StepFacts
 from . import reference
 
 
 def to_numpy(tensors: dict[str, torch.Tensor | None]) -> dict[str, np.ndarray | None]:
     # float32 holds fp32/bf16/fp16 exactly, so bit-identity checks survive the trip.
     return {n: None if t is None else t.detach().to("cpu", torch.float32).numpy().copy() for n, t in tensors.items()}
+
+
+#: What a framework raises: anything, `BaseException` subclasses included (torch's DCP raises CheckpointException,
+#: a BaseException); only the interpreter's own exits are not the stack's.
+STACK_ERRORS = BaseException
+NOT_STACK_ERRORS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+#: The phases of the round trip start with it (`core.phases` charges them to `resume`).
+RESUME_PHASE = "resume"
 
 
 class Recorder:
@@ -41,8 +49,12 @@ class Recorder:
         self.step: int | None = None  # the training step under way; None during setup
         self.initial_params: dict[str, torch.Tensor] | None = None
         self._phase_started = time.perf_counter()
+        self._resumed = False
 
     def phase(self, text: str) -> None:
+        """Resumed phases read `resume: ...` (a hang report says which run hung)."""
+        if self._resumed and not text.startswith(RESUME_PHASE):
+            text = f"{RESUME_PHASE}: {text}"
         self._charge_phase()
         self.record.phase = text
         self._send_phase(text)
@@ -65,9 +77,42 @@ class Recorder:
             self.record.emulated.append(what)
 
     def _step(self, step: int) -> StepFacts:
-        while len(self.record.steps) <= step:
-            self.record.steps.append(StepFacts())
-        return self.record.steps[step]
+        steps = self.record.resume.steps if self.resumed else self.record.steps
+        while len(steps) <= step:
+            steps.append(StepFacts())
+        return steps[step]
+
+    @property
+    def resumed(self) -> bool:
+        """The run under way is the round trip's resumed one (its steps are recorded apart)."""
+        return self._resumed
+
+    def saved(self, api: str, step: int, contents: object) -> None:
+        resume = self.record.resume = ResumeFacts(api=api, saved_after=step)
+        params, state = getattr(contents, "params", None), getattr(contents, "optimizer_state", None)
+        resume.saved_params = None if params is None else tuple(sorted(params))
+        resume.saved_state = None if state is None else tuple(sorted(state))
+        resume.saved_trainable_only = bool(getattr(contents, "trainable_only", False))
+
+    def save_failed(self, api: str, step: int, exc: BaseException) -> None:
+        self.record.resume = ResumeFacts(api=api, saved_after=step,
+                                         error=describe_error(exc, self.record.phase, self.rank, self.step))
+
+    def resuming(self, what: str) -> None:
+        if self.record.resume is None:
+            self.record.resume = ResumeFacts()
+        self._resumed = True
+        self.phase(what)
+
+    def loaded(self, view: ModelView) -> None:
+        self.phase("read state after load")
+        resume = self.record.resume
+        assert resume is not None, "loaded() before resuming()"
+        resume.requires_grad = view.requires_grad_flags()
+        resume.tracked = tuple(sorted(view.tracked_names()))
+        params = view.full_params()
+        if self.rank == 0:
+            resume.loaded = to_numpy(params)
 
     def wrapped(self, view: ModelView) -> None:
         self.phase("read state after wrap")
@@ -182,6 +227,10 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     if cell.precision in reference.LOW_PRECISION:
         record.reference_mixed = _facts(reference.run(cell, plan, initial, batches, *bare(),
                                                       compute_dtype=reference.LOW_PRECISION[cell.precision]))
+    stale = set(plan.trainable) - set(plan.optimized)  # grads that accumulate outside any checkpoint
+    if record.resume is not None and stale:
+        record.reference_resumed = _facts(reference.run(cell, plan, initial, batches, *bare(),
+                                                        resumed_after=record.resume.saved_after))
     record.init_matches_eager = all(torch.equal(p.detach().float(), initial[n]) for n, p in eager.named_parameters())
 
 
@@ -205,8 +254,13 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
                          shim=import_ref(cell.shim) if cell.shim else None, kept=kept)
         adapter = import_ref(cell.adapter)()
         adapter.run(ctx)
-    except Exception as exc:  # a framework may raise anything; the controller classifies it
-        record.error = describe_error(exc, record.phase, rank, recorder.step)
+    except STACK_ERRORS as exc:  # a framework may raise anything; the controller classifies it
+        if isinstance(exc, NOT_STACK_ERRORS):
+            raise
+        if recorder.resumed and record.resume is not None:  # the run before the round trip is judged as it was
+            record.resume.error = describe_error(exc, record.phase, rank, recorder.step)
+        else:
+            record.error = describe_error(exc, record.phase, rank, recorder.step)
     if plans:
         plan = plans[0]
         record.plan = PlanFacts(plan.names, tuple(sorted(plan.trainable)), tuple(sorted(plan.optimized)),

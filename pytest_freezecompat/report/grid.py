@@ -6,6 +6,7 @@ table cell one slot per checkpoint mode. Cells are found by their key fields, ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,6 +57,19 @@ class GradAccess:
     plugin: str
     grad: str
     norm: str
+    save: str = "not recorded"  # the model-checkpoint API the round trip (`resume`) went through
+
+
+#: A cell's model-checkpoint round trip: it failed the `resume` check, it held, or there was none (a refusal, a
+#: red run before the save, a report from before the check).
+ROUND_TRIPS = ("failed", "held")
+
+
+def round_trip(cell: Cell) -> str:
+    """`failed`, `held` or "" for a report row."""
+    if any(f.get("check") == "resume" for f in cell.get("failures") or ()):
+        return "failed"
+    return "held" if cell.get("resume_api") and cell["status"] != "error" else ""
 
 
 @dataclass(frozen=True)
@@ -96,8 +110,10 @@ def _key(cell: Cell) -> tuple[str, ...]:
 
 
 def _counts(cells: list[Cell]) -> Counter[str]:
+    """Raw statuses, `known` / `fixed?`, and the round trips (`resume failed`, `resume held`)."""
     counts = Counter(cell["status"] for cell in cells)
     counts.update(shown for cell in cells if (shown := display_status(cell)) != cell["status"])
+    counts.update(f"resume {trip}" for cell in cells if (trip := round_trip(cell)))
     return counts
 
 
@@ -108,6 +124,9 @@ def _grad_access(cells: list[Cell]) -> tuple[GradAccess, ...]:
         if cell.get("grad_access") and cell["plugin"] not in first:
             first[cell["plugin"]] = GradAccess(cell["plugin"], cell["grad_access"],
                                                cell.get("grad_norm_source") or "not exposed")
+    for cell in cells:  # the save API from the first cell that saved (a refusal saves nothing)
+        if cell.get("resume_api") and cell["plugin"] in first and first[cell["plugin"]].save == "not recorded":
+            first[cell["plugin"]] = dataclasses.replace(first[cell["plugin"]], save=cell["resume_api"])
     return tuple(first.values())
 
 

@@ -48,7 +48,8 @@ SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
     "cell": (("id", "s"), ("model", "s"), ("framework", "s"), ("plugin", "s"), ("init", "s"), ("checkpoint", "s"),
              ("freeze", "s"), ("clip", "s"), ("environment", "s"), ("status", "s"), ("display", "s"), ("cause", "s"),
              ("check", "s"), ("emulation", "v"), ("precision", "s"), ("world_size", "v"), ("duration_s", "v"),
-             ("grad_access", "s"), ("grad_norm_source", "s"), ("message", "s"), ("notes", "S"),
+             ("grad_access", "s"), ("grad_norm_source", "s"), ("resume", "s"), ("resume_api", "s"), ("message", "s"),
+             ("notes", "S"),
              ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]")),
     "failure": (("check", "s"), ("step", "v"), ("message", "s"), ("params", "S")),
     "rank": (("rank", "v"), ("phase", "s"), ("error", "error"), ("exit", "s"), ("traceback", "t"), ("stack", "t"),
@@ -138,7 +139,8 @@ class _Payload:
 
     def encode(self, cells: list[dict[str, Any]], plugins: tuple[str, ...]) -> dict[str, Any]:
         """`plugins`: the page's plugin columns, by the index their `data-p` attribute holds."""
-        rows = [self.row({**cell, "display": display_status(cell)}, "cell") for cell in cells]
+        rows = [self.row({**cell, "display": display_status(cell), "resume": grid.round_trip(cell)}, "cell")
+                for cell in cells]
         return {"shapes": SHAPES, "strings": list(self.strings), "texts": [list(t) for t in self.texts],
                 "issues": [json.loads(i) for i in self.issues], "plugins": plugins, "cells": rows}
 
@@ -155,7 +157,8 @@ def _slug(text: str) -> str:
 
 def _square(cell: dict[str, Any], index: int, mark_emulation: bool) -> dict[str, Any]:
     display = display_status(cell)
-    return {"i": index, "css": _css_class(display) + (" emu" if mark_emulation and cell.get("emulation") else ""),
+    return {"i": index, "css": _css_class(display) + (" emu" if mark_emulation and cell.get("emulation") else "")
+            + (" rs" if grid.round_trip(cell) == "failed" else ""),
             "display": display, "cause": cell.get("cause") or "", "glyph": GLYPHS[cell["status"]]}
 
 
@@ -249,7 +252,8 @@ def render(report: dict[str, Any]) -> str:
     filters = {"framework": [s.framework for s in sections], "plugin": plugins,
                "freeze": grid.distinct(cells, "freeze", order), "clip": grid.distinct(cells, "clip", order),
                "status": present,
-               "cause": [c for c in grid.CAUSES if any(s.causes[c] for s in sections)]}
+               "cause": [c for c in grid.CAUSES if any(s.causes[c] for s in sections)],
+               "resume": [r for r in grid.ROUND_TRIPS if any(s.counts[f"resume {r}"] for s in sections)]}
     views = [_section(section, index, plugin_index) for section in sections]
     ids = Counter(view["id"] for view in views)
     for k, view in enumerate(views):  # frameworks whose names slug alike still get their own anchor
@@ -260,6 +264,7 @@ def render(report: dict[str, Any]) -> str:
         css=_asset("report.css"), js=_asset("report.js"), data=_json_for_script(_Payload().encode(cells, plugins)),
         run=_run(report["environments"]), environments=_environments(report["environments"]), filters=filters,
         sections=views, totals=totals, statuses=grid.DISPLAY_STATUSES, causes=grid.CAUSES, glyphs=GLYPHS,
+        round_trips=grid.ROUND_TRIPS,
         display_help=DISPLAY_HELP, cause_help=grid.CAUSE_HELP, css_class=_css_class,
         known_issues=_known_issues(cells), notes=_notes(cells),
         across_releases=releases.across_releases(rows, report.get("bisections") or []),

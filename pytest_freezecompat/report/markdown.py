@@ -27,6 +27,8 @@ EMULATION_MARK = "ᴱ"
 REGISTRY_MARKS = {"known": "ᴷ", "fixed?": "ᶠ"}
 #: Why a red cell is red, compared with its column's nothing-frozen control.
 CAUSE_MARKS = {"freeze": "❄", "stack": "ˢ", "both": "ᵇ", "harness": "ʰ"}
+#: After a cell's mark: its model-checkpoint round trip failed (the `resume` check).
+RESUME_MARK = "↺"
 _CAUSE_SHORT = {"freeze": "freezing", "stack": "the stack (red with nothing frozen too)", "both": "both",
                 "harness": "our harness or a user's freeze_case raised (says nothing about the stack)"}
 ABSENT = "·"
@@ -62,8 +64,8 @@ def _mark(cell: Cell | None) -> str:
     """One mark per table cell: the raw status, why it is red, and the registry's word on it."""
     if cell is None:
         return ABSENT
-    return SYMBOLS[cell["status"]] + CAUSE_MARKS.get(cell.get("cause") or "", "") + REGISTRY_MARKS.get(
-        display_status(cell), "")
+    return (SYMBOLS[cell["status"]] + CAUSE_MARKS.get(cell.get("cause") or "", "")
+            + REGISTRY_MARKS.get(display_status(cell), "") + (RESUME_MARK if grid.round_trip(cell) == "failed" else ""))
 
 
 def _tally(cells: list[Cell]) -> str:
@@ -87,22 +89,25 @@ def _legend() -> str:
     return (f"**Legend** — {statuses} · {ABSENT} not in the matrix; red is fail, error, timeout or crash. After a "
             f"red mark, why, against its column's nothing-frozen control: {causes}. {REGISTRY_MARKS['known']} a "
             f"known upstream issue explains it (an xfail) · {REGISTRY_MARKS['fixed?']} passed though a known issue "
-            f"expects it to fail (the entry may be stale). {EMULATION_MARK} on a plugin: it ran on CPU behind a "
-            "CUDA-on-CPU shim (emulation).")
+            f"expects it to fail (the entry may be stale). {RESUME_MARK} its model-checkpoint round trip failed "
+            f"(check `resume`: saved after step 0, loaded into a fresh model, it did not go on as the uninterrupted "
+            f"run). {EMULATION_MARK} on a plugin: it ran on CPU behind a CUDA-on-CPU shim (emulation).")
 
 
 def _counts(sections: list[grid.Section]) -> list[str]:
     """Raw statuses per framework, then the registry's verdicts on some of them and the causes of red cells."""
     causes = [CAUSE_MARKS[c] for c in grid.CAUSES]
-    lines = ["| framework | " + " | ".join([*grid.DISPLAY_STATUSES, *causes]) + " | cells |",
-             "|---" * (len(grid.DISPLAY_STATUSES) + len(causes) + 2) + "|"]
+    trips = [f"resume {r}" for r in grid.ROUND_TRIPS]
+    lines = ["| framework | " + " | ".join([*grid.DISPLAY_STATUSES, *causes, *trips]) + " | cells |",
+             "|---" * (len(grid.DISPLAY_STATUSES) + len(causes) + len(trips) + 2) + "|"]
     for section in sections:
         lines.append(f"| {_inline(section.framework)} | " + " | ".join(
-            [*(str(section.counts[s]) for s in grid.DISPLAY_STATUSES), *(str(section.causes[c]) for c in grid.CAUSES)])
-            + f" | {section.cells} |")
+            [*(str(section.counts[s]) for s in grid.DISPLAY_STATUSES), *(str(section.causes[c]) for c in grid.CAUSES),
+             *(str(section.counts[t]) for t in trips)]) + f" | {section.cells} |")
     return [*lines, "", "Raw statuses; `known` / `fixed?`: how many of them the known-issue registry explains / flags; "
                         + ", ".join(f"{CAUSE_MARKS[c]} {c}" for c in grid.CAUSES) + ": red cells by cause, known ones "
-                        "included."]
+                        f"included; `resume failed` ({RESUME_MARK}) / `resume held`: cells whose model-checkpoint "
+                        "round trip failed / held (a refusal or a run that raised has none)."]
 
 
 def _retries(cells: list[Cell]) -> str:
@@ -270,13 +275,13 @@ def _access(access: tuple[grid.GradAccess, ...]) -> list[str]:
     optimizer, Gemini in chunks); plugins that share a way are listed together."""
     if not access:
         return []
-    ways: dict[tuple[str, str], list[str]] = defaultdict(list)
+    ways: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for a in access:
-        ways[(a.grad, a.norm)].append(a.plugin)
-    return ["", "<details><summary>Where a user reads the full grad of a trainable param, and the clip norm"
-                "</summary>", "",
-            *(f"- {_names(plugins)}: `{_inline(grad)}`; clip norm: {_inline(norm)}"
-              for (grad, norm), plugins in ways.items()), "", "</details>"]
+        ways[(a.grad, a.norm, a.save)].append(a.plugin)
+    return ["", "<details><summary>Where a user reads the full grad of a trainable param and the clip norm, and "
+                "how the <code>resume</code> check saved and loaded the model</summary>", "",
+            *(f"- {_names(plugins)}: `{_inline(grad)}`; clip norm: {_inline(norm)}; model checkpoint: `{_inline(save)}`"
+              for (grad, norm, save), plugins in ways.items()), "", "</details>"]
 
 
 def _grids(section: grid.Section) -> list[str]:

@@ -8,6 +8,9 @@ reported:
   grads          after backward: full, finite, equal to the reference; none where the reference has none
   grad_norm      the norm the framework's clipping reported equals the reference's
   update         after step: params that the reference leaves alone are bit-identical, the rest match
+  resume         the model-checkpoint round trip: saved after step 0 through the stack's own API, loaded into a
+                 fresh model frozen the same way, it goes on as the uninterrupted run did (flags, optimizer set,
+                 saved files, values after load, the next step's grads, norm and update)
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ import numpy as np
 from ..core.cell import Cell
 from ..core.messages import RENDEZVOUS_PHASE
 from ..core.names import CHECKS
-from ..core.records import FREEZE_CASE_ERROR, CellRun, Outcome, RankRecord, Status, StepFacts
+from ..core.records import (
+    FREEZE_CASE_ERROR,
+    CellRun,
+    Outcome,
+    PlanFacts,
+    RankError,
+    RankRecord,
+    Status,
+    StepFacts,
+)
 
 
 @dataclass(frozen=True)
@@ -136,7 +148,8 @@ class Verdict:
 
 
 #: The phases our own code runs in (the pool's rendezvous, the probes' reads, the reference, the scenario's setup).
-HARNESS_PHASES = (RENDEZVOUS_PHASE, "setup", "read state after wrap", "reference")
+HARNESS_PHASES = (RENDEZVOUS_PHASE, "setup", "read state after wrap", "reference", "resume: read state after load",
+                  "resume: read the saved files")
 HARNESS_PHASE_SUFFIXES = (": read grads", ": read params")
 
 
@@ -289,6 +302,115 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
     return Problem(f"step {step}: " + "; ".join(found), params) if found else None
 
 
+def _earliest(errors: list[RankError]) -> RankError:
+    """The earliest error is the cause; where several ranks raised it, the lowest rank names it (stable reruns)."""
+    errors = sorted(errors, key=lambda e: e.at)
+    return min((e for e in errors if (e.type, e.message) == (errors[0].type, errors[0].message)), key=lambda e: e.rank)
+
+
+def _shifted(values: dict[str, Any] | None, ref: dict[str, Any] | None, resumed: dict[str, Any] | None
+             ) -> dict[str, Any]:
+    """`values` moved by what resuming itself changes in the reference (`resumed` - `ref`), tensor by tensor."""
+    out = dict(values or {})
+    for name, want in (resumed or {}).items():
+        have, base = out.get(name), (ref or {}).get(name)
+        if want is None or base is None or have is None:
+            if want is None or base is None:  # a grad that no longer accumulates, or one only resuming makes
+                out[name] = want if (want is None) != (base is None) else have
+            continue
+        out[name] = have + (want - base)
+    return out
+
+
+def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFacts | None) -> StepFacts:
+    """What the resumed run's step should show: the uninterrupted run's, where no grad accumulates outside the
+    optimizer (`resumed_ref` None: resuming changes nothing). Else no checkpoint holds those grads: the
+    uninterrupted run shifted by the difference resuming makes to the reference."""
+    if resumed_ref is None:
+        return uninterrupted
+    norm = uninterrupted.norm
+    if norm is not None and ref.norm is not None and resumed_ref.norm is not None:
+        norm += resumed_ref.norm - ref.norm
+    return StepFacts(_shifted(uninterrupted.grads, ref.grads, resumed_ref.grads), norm, uninterrupted.norm_source,
+                     _shifted(uninterrupted.params, ref.params, resumed_ref.params))
+
+
+def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, rooms: dict[int, Room],
+                  lr: float, clips: bool, notes: list[str]) -> Problem | None:
+    """The round trip against the uninterrupted run of the same cell (not the reference: a stack that trains
+    wrongly is judged by the other checks; this one asks whether saving and loading changed anything)."""
+    resume = records[0].resume
+    if resume is None:
+        return None
+    raised = [r.resume.error for r in records if r.resume is not None and r.resume.error is not None]
+    if raised:
+        err = _earliest(raised)
+        return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", ())
+    lead, names, trainable = records[0], set(plan.names), set(plan.trainable)
+    found: list[str] = []
+    named: set[str] = set()
+
+    def finding(text: str, params: Iterable[str]) -> None:
+        params = sorted(params)
+        found.append(f"{text}: {_names(params)}")
+        named.update(params)
+
+    changed = {n for r in records for n, flag in ((r.resume.requires_grad or {}) if r.resume else {}).items()
+               if flag != (n in trainable)}
+    if changed:
+        finding("requires_grad after load differs from the freeze pattern", changed)
+    before = set().union(*(set(r.tracked or ()) for r in records))
+    after = set().union(*(set(r.resume.tracked or ()) for r in records if r.resume))
+    if after - before:
+        finding("the resumed optimizer tracks what it did not before the save", after - before)
+    if before - after:
+        finding("the resumed optimizer no longer tracks", before - after)
+    expected_in_files = trainable if resume.saved_trainable_only else names
+    if resume.saved_params is not None and expected_in_files - set(resume.saved_params):
+        finding("not in the saved files", expected_in_files - set(resume.saved_params))
+    saved_at = lead.steps[resume.saved_after]
+    if resume.saved_state is not None:
+        stepped = {n for n in before & names if (saved_at.grads or {}).get(n) is not None}
+        if stepped - set(resume.saved_state):
+            finding("no optimizer state in the saved files for a param the optimizer stepped",
+                    stepped - set(resume.saved_state))
+        kept = set(resume.saved_state) & (names - trainable)
+        if kept:
+            notes.append(f"the saved files hold optimizer state for frozen params: {_names(kept)}")
+    differ = []
+    for name, want in (saved_at.params or {}).items():
+        have = (resume.loaded or {}).get(name)
+        exact = name not in trainable or name not in plan.optimized
+        if have is None or have.shape != want.shape:
+            differ.append(f"{name} (missing or wrong shape)")
+        elif not (np.array_equal(have, want) if exact else
+                  np.allclose(have, want, rtol=tol.param_rtol, atol=tol.param_atol)):
+            differ.append(f"{name} (max abs diff {np.max(np.abs(have - want)):.2e})")
+    if differ:
+        found.append(f"after load, values differ from what was saved: {_names(differ)}")
+        named.update(d.split(" (", 1)[0] for d in differ)
+    for step in range(resume.saved_after + 1, len(lead.steps)):
+        want_step = resumed_expectation(lead.steps[step], (lead.reference or [])[step],
+                                        lead.reference_resumed[step] if lead.reference_resumed else None)
+        got = resume.steps[step] if step < len(resume.steps) else StepFacts()
+        if got.params is None:
+            found.append(f"the resumed run did not reach the end of step {step}")
+            break
+        room = rooms.get(step, Room())
+        for problem in (_check_grads(step, got.grads or {}, want_step.grads or {}, tol, room, []),
+                        _check_update(step, got.params, want_step.params or {}, lead.steps[step - 1].params or {},
+                                      tol, room, {}, lr)):
+            if problem:
+                found.append("resumed " + problem.text.replace("from reference", "from the uninterrupted run"))
+                named.update(problem.params)
+        if clips and got.norm is not None and want_step.norm is not None and not np.isclose(
+                got.norm, want_step.norm, rtol=tol.norm_rtol, atol=1e-7 + room.norm):
+            found.append(f"resumed step {step}: grad norm {got.norm:.6g} != uninterrupted {want_step.norm:.6g}")
+    if not found:
+        return None
+    return Problem("; ".join(found), tuple(sorted(named)))
+
+
 def _norm_at(record: RankRecord, step: int) -> float | None:
     return record.steps[step].norm if step < len(record.steps) else None
 
@@ -310,11 +432,9 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     `may_refuse`: the freeze pattern leaves nothing to train, so an error before the first step passes.
     `clips`: False for a `no-clip` cell, which has no clip norm to compare (grads and updates still are).
     """
-    errors = sorted((r.error for r in records if r.error is not None), key=lambda e: e.at)
+    errors = [r.error for r in records if r.error is not None]
     if errors:
-        # The earliest error is the cause; where several ranks raised it, name the lowest (stable reruns).
-        err = min((e for e in errors if (e.type, e.message) == (errors[0].type, errors[0].message)),
-                  key=lambda e: e.rank)
+        err = _earliest(errors)
         text = f"{err.type}: {err.message} (rank {err.rank}, {err.phase}, {err.where})"
         if may_refuse and err.step is None:
             return Verdict(Status.PASS, None, f"{REFUSAL_NOTE}: {text}")
@@ -340,8 +460,9 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         failures.append((len(lead.steps), "update", Problem(f"ran {len(lead.steps)} of {len(ref_steps)} steps", ())))
     before = lead.initial
     quiet: dict[str, np.ndarray] = {}
+    rooms: dict[int, Room] = {}
     for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
-        room = measured_room(ref, mixed[step]) if mixed else Room()
+        room = rooms[step] = measured_room(ref, mixed[step]) if mixed else Room()
         if mixed:
             notes.append(f"step {step}: {precision} judged with {SPREAD_FACTOR:g}x its measured spread (widest "
                          f"relative grad spread {room.spread:.2e}, norm room {room.norm:.2e})")
@@ -356,6 +477,9 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
             if problem:
                 failures.append((step, check, problem))
         before = ref.params
+    resumed = _check_resume(records, plan, tol, rooms, lr, clips, notes) if len(lead.steps) == len(ref_steps) else None
+    if resumed:
+        failures.append(((lead.resume.saved_after if lead.resume else 0) + 1, "resume", resumed))
     notes.extend(n for r in records for n in r.notes)
     if not failures:
         return Verdict(Status.PASS, None, "", notes)
@@ -391,8 +515,17 @@ def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:
         dead = [s for s in run.ranks if s.exit]
         text = "; ".join(f"rank {s.rank} {s.exit} during {s.phase}" for s in dead) or "a rank closed its pipe"
         return Verdict(Status.CRASH, None, text, raised_in=stage_of_phases(s.phase for s in dead or run.ranks))
-    failed = next(s.record for s in run.ranks if s.record is not None and s.record.error is not None)
+    failed = next(s.record for s in run.ranks if s.record is not None and s.record.raised is not None)
     stuck = ", ".join(f"rank {s.rank} ({s.phase})" for s in run.ranks if s.record is None)
+    lead = run.ranks[0].record
+    if failed.error is None and lead is not None:  # the round trip raised after a finished run: judge the run
+        verdict = judge_records([s.record for s in run.ranks if s.record is not None], cell.precision, may_refuse,
+                                cell.tolerance, lr, cell.hyper.clips)
+        verdict.failures = [dataclasses.replace(f, message=f"{f.message}; left waiting: {stuck}")
+                            if f.check == "resume" else f for f in verdict.failures]
+        if verdict.failures:
+            verdict.message = verdict.failures[0].message
+        return verdict
     base = judge_records([failed], cell.precision, may_refuse)
     return Verdict(Status.ERROR, None, f"{base.message}; left waiting: {stuck}", harness=base.harness,
                    raised_in=base.raised_in)
@@ -407,7 +540,8 @@ def run_facts(run: CellRun, cell: Cell) -> dict[str, Any]:
     engaged = sorted({what for record in replied for what in record.emulated})
     return {"emulation": bool(engaged) or (cell.emulation and len(replied) < len(run.ranks)), "emulated": engaged,
             "grad_access": lead.grad_access if lead else None,
-            "grad_norm_source": ", ".join(sorted(sources)) or None}
+            "grad_norm_source": ", ".join(sorted(sources)) or None,
+            "resume_api": lead.resume.api if lead and lead.resume and lead.resume.api else None}
 
 
 def rank_details(run: CellRun) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,10 @@ try:
     from torch.distributed.fsdp import fully_shard
 except ImportError:  # torch < 2.6 keeps FSDP2 here
     from torch.distributed._composable.fsdp import fully_shard
+from torch.distributed import checkpoint as dcp
+from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -29,9 +34,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ... import models
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, RunContext, apply_freeze
-from ..loop import train
+from ..loop import Saved, train
 from ..materialize import MetaInit
-from ..views import DTensorView, FSDP1View, ParamView, optimizer_params
+from ..saved_files import dcp_contents, full_contents, load_file
+from ..views import DTensorView, FSDP1View, ParamView, optimizer_params, settle_groups
+
+#: The one file of a full (rank-0) checkpoint.
+FULL_FILE = "checkpoint.pt"
 
 
 @dataclass
@@ -64,6 +73,167 @@ class _Loop:
     def norm_after_step(self) -> tuple[float | None, str]:
         raise AssertionError("torch wrappers clip before step()")
 
+    def close(self) -> None:
+        settle_groups()
+        dist.barrier()
+
+    def _names_by_index(self) -> dict[int, str]:
+        """A plain optimizer's state dict keys params by their index over its groups: index -> bare name."""
+        names = {id(p): n for n, p in self.view.named_parameters().items()}
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>") for i, p in enumerate(params)}
+
+
+class _FullSave(_Loop):
+    """DDP, as PyTorch's DDP tutorial saves: rank 0 `torch.save`s the wrapped model's and the optimizer's
+    state dicts, every rank loads them (`map_location`)."""
+
+    save_api = "torch.save(ddp.state_dict(), optimizer.state_dict()) on rank 0; load_state_dict on every rank"
+
+    def save(self, directory: Path) -> None:
+        if self.ctx.rank == 0:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                       directory / FULL_FILE)
+        dist.barrier()
+
+    def saved(self, directory: Path) -> Saved:
+        state = load_file(directory / FULL_FILE)
+        return full_contents(state["model"], state["optimizer"]["state"], self._names_by_index(),
+                             rename=_without_ddp_prefix)
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        state = load_file(directory / FULL_FILE)
+        model_state = {k: v for k, v in state["model"].items() if _without_ddp_prefix(k) != omit}
+        self.model.load_state_dict(model_state, strict=omit is None)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class _PeftAdapterSave(_FullSave):
+    """A peft model under DDP, saved as peft users ship LoRA: adapter weights only
+    (`get_peft_model_state_dict`), loaded into a fresh base with `set_peft_model_state_dict`."""
+
+    save_api = ("peft get_peft_model_state_dict (adapter only) + optimizer.state_dict(), torch.save on rank 0; "
+                "set_peft_model_state_dict into a fresh base")
+
+    def save(self, directory: Path) -> None:
+        from peft import get_peft_model_state_dict
+
+        if self.ctx.rank == 0:
+            torch.save({"model": get_peft_model_state_dict(self.model.module),
+                        "optimizer": self.optimizer.state_dict()}, directory / FULL_FILE)
+        dist.barrier()
+
+    def saved(self, directory: Path) -> Saved:
+        state = load_file(directory / FULL_FILE)
+        peft_names = _peft_names(self.model.module)
+        contents = full_contents(state["model"], state["optimizer"]["state"], self._names_by_index(),
+                                 rename=lambda key: peft_names.get(key, key))
+        return Saved(contents.params, contents.optimizer_state, trainable_only=True)
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        from peft import set_peft_model_state_dict
+
+        state = load_file(directory / FULL_FILE)
+        peft_names = _peft_names(self.model.module)
+        set_peft_model_state_dict(self.model.module, {k: v for k, v in state["model"].items()
+                                                      if peft_names.get(k, k) != omit})
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _peft_names(model: nn.Module) -> dict[str, str]:
+    """peft's adapter-only keys drop the adapter's name (`lora_A.default.weight` -> `lora_A.weight`)."""
+    from peft import get_peft_model_state_dict
+
+    params = dict(model.named_parameters())
+    by_id = {id(param): name for name, param in params.items()}
+    return {key: by_id[id(tensor)] for key, tensor in get_peft_model_state_dict(model, state_dict=params).items()
+            if id(tensor) in by_id}  # peft picks the adapter's tensors out of the dict it is given: same objects
+
+
+def _without_ddp_prefix(name: str) -> str:
+    return name.removeprefix("module.")
+
+
+class _FSDP1FullSave(_Loop):
+    """FSDP1's full state dict, as its docs save one: gathered to rank 0 (offloaded to the CPU) with
+    `FSDP.optim_state_dict`, `torch.save`d there; loaded on every rank with `FSDP.optim_state_dict_to_load`."""
+
+    save_api = "FSDP FULL_STATE_DICT + FSDP.optim_state_dict (rank 0, torch.save); optim_state_dict_to_load"
+
+    def save(self, directory: Path) -> None:
+        # The docs offload to the CPU; where the params already live there, FSDP 2.13 frees the storage it
+        # gathered into (setStorage: out of bounds for storage of size 0): offloading is for GPU params only.
+        offload = self.ctx.device.type != "cpu"
+        with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT,
+                                  FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+                                  FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=True)):
+            model_state = self.model.state_dict()
+            optim_state = FSDP.optim_state_dict(self.model, self.optimizer)
+        if self.ctx.rank == 0:
+            torch.save({"model": model_state, "optimizer": optim_state}, directory / FULL_FILE)
+        dist.barrier()
+
+    def saved(self, directory: Path) -> Saved:
+        state = load_file(directory / FULL_FILE)
+        return full_contents(state["model"], state["optimizer"]["state"], {})
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        state = load_file(directory / FULL_FILE)
+        model_state = {k: v for k, v in state["model"].items() if k != omit}
+        with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT,
+                                  FullStateDictConfig(rank0_only=False), FullOptimStateDictConfig(rank0_only=False)):
+            self.model.load_state_dict(model_state, strict=omit is None)
+            optim_state = FSDP.optim_state_dict_to_load(self.model, self.optimizer, state["optimizer"])
+        self.optimizer.load_state_dict(optim_state)
+
+
+class _FSDP1ShardedSave(_Loop):
+    """FSDP1's sharded state dict through `torch.distributed.checkpoint`, as the DCP recipe for FSDP1 does:
+    each rank writes its own shards; the optimizer comes back through `load_sharded_optimizer_state_dict`."""
+
+    save_api = ("FSDP SHARDED_STATE_DICT + FSDP.optim_state_dict, dcp.save; dcp.load + "
+                "load_sharded_optimizer_state_dict + optim_state_dict_to_load")
+
+    def save(self, directory: Path) -> None:
+        with FSDP.state_dict_type(self.model, StateDictType.SHARDED_STATE_DICT):
+            state = {"model": self.model.state_dict(), "optim": FSDP.optim_state_dict(self.model, self.optimizer)}
+        dcp.save(state, checkpoint_id=str(directory))
+
+    def saved(self, directory: Path) -> Saved:
+        return dcp_contents(directory)
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        with FSDP.state_dict_type(self.model, StateDictType.SHARDED_STATE_DICT):
+            model_state = self.model.state_dict()
+            kept = {"model": {k: v for k, v in model_state.items() if k != omit}}
+            dcp.load(kept, checkpoint_id=str(directory))
+            model_state.update(kept["model"])
+            self.model.load_state_dict(model_state)
+            optim = load_sharded_optimizer_state_dict(model_state_dict=model_state, optimizer_key="optim",
+                                                      storage_reader=dcp.FileSystemReader(str(directory)))
+            optim_state = FSDP.optim_state_dict_to_load(self.model, self.optimizer, optim["optim"])
+        self.optimizer.load_state_dict(optim_state)
+
+
+class _DCPSave(_Loop):
+    """FSDP2 as its docs checkpoint it: `get_state_dict` / `dcp.save`, then `dcp.load` / `set_state_dict`."""
+
+    save_api = "torch.distributed.checkpoint: get_state_dict + dcp.save; dcp.load + set_state_dict"
+
+    def save(self, directory: Path) -> None:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory))
+
+    def saved(self, directory: Path) -> Saved:
+        return dcp_contents(directory)
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": {k: v for k, v in model_state.items() if k != omit}, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(directory))
+        model_state.update(state["model"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=state["optim"])
+
 
 def _meta_init(ctx: RunContext, model: nn.Module) -> MetaInit:
     return MetaInit(model, ctx.cell.hyper.seed, ctx.eager_buffers())
@@ -76,8 +246,9 @@ def _ddp(ctx: RunContext, model: nn.Module, plan: FreezePlan, find_unused: bool)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     wrapped = DDP(model, device_ids=device_ids, find_unused_parameters=find_unused)
     optimizer = ctx.make_optimizer(optimizer_params(wrapped.module, plan.optimized))
-    return _Loop(ctx, wrapped, ParamView(wrapped.module, optimizer), optimizer,
-                 "returned by torch.nn.utils.clip_grad_norm_")
+    saves = _PeftAdapterSave if hasattr(model, "peft_config") else _FullSave  # a peft model ships its adapter
+    return saves(ctx, wrapped, ParamView(wrapped.module, optimizer), optimizer,
+                     "returned by torch.nn.utils.clip_grad_norm_")
 
 
 def _fsdp1(ctx: RunContext, model: nn.Module, plan: FreezePlan, orig_params: bool) -> _Loop:
@@ -92,7 +263,9 @@ def _fsdp1(ctx: RunContext, model: nn.Module, plan: FreezePlan, orig_params: boo
     wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({type(m) for m in models.block_modules(model)}),
                    use_orig_params=orig_params, device_id=ctx.device, param_init_fn=param_init_fn)
     optimizer = ctx.make_optimizer(optimizer_params(wrapped, plan.optimized))
-    return _Loop(ctx, wrapped, FSDP1View(wrapped, optimizer), optimizer, "returned by FSDP.clip_grad_norm_")
+    # Both of FSDP1's documented formats are exercised: full with flat params, sharded with original ones.
+    saves = _FSDP1ShardedSave if orig_params else _FSDP1FullSave
+    return saves(ctx, wrapped, FSDP1View(wrapped, optimizer), optimizer, "returned by FSDP.clip_grad_norm_")
 
 
 def _fsdp2(ctx: RunContext, model: nn.Module, plan: FreezePlan) -> _Loop:
@@ -103,8 +276,8 @@ def _fsdp2(ctx: RunContext, model: nn.Module, plan: FreezePlan) -> _Loop:
         wrapped.to_empty(device=ctx.device)
         _meta_init(ctx, wrapped).all(wrapped)
     optimizer = ctx.make_optimizer(optimizer_params(wrapped, plan.optimized))
-    return _Loop(ctx, wrapped, DTensorView(wrapped, optimizer), optimizer,
-                 "returned by torch.nn.utils.clip_grad_norm_ (DTensor)")
+    return _DCPSave(ctx, wrapped, DTensorView(wrapped, optimizer), optimizer,
+                    "returned by torch.nn.utils.clip_grad_norm_ (DTensor)")
 
 
 #: Plugin id -> how a user wraps the frozen bare model with it.
@@ -122,6 +295,11 @@ class TorchAdapter(AdapterBase):
         self.run_plugin(ctx, ctx.cell.key.plugin)
 
     def run_plugin(self, ctx: RunContext, plugin: str) -> None:
+        train(ctx, self.build(ctx, plugin), rebuild=lambda: self.build(ctx, plugin))
+
+    @staticmethod
+    def build(ctx: RunContext, plugin: str) -> _Loop:
+        """What a user's script does before its first step (and again when it resumes)."""
         ctx.probe.phase("build model")
         model = ctx.build_model(device="meta" if ctx.cell.key.init == "meta" else ctx.device)
         plan = ctx.resolve_plan(model)
@@ -129,4 +307,4 @@ class TorchAdapter(AdapterBase):
         ctx.probe.phase(f"wrap ({plugin})")
         loop = WRAP[plugin](ctx, model, plan)
         dist.barrier()
-        train(ctx, loop)
+        return loop

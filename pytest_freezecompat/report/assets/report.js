@@ -41,6 +41,7 @@
     t += ' · checkpoint ' + c.checkpoint + (c.clip === 'clip' ? '' : ' · ' + c.clip);
     if (c.emulation) t += ' · emulated';
     if (c.cause) t += ' · cause: ' + c.cause;
+    if (c.resume === 'failed') t += ' · resume failed';
     return t;
   }
   buttons.forEach(b => {
@@ -58,7 +59,7 @@
   function matches(c, w) {
     return (!w.framework || c.framework === w.framework) && (!w.plugin || c.plugin === w.plugin)
       && (!w.freeze || c.freeze === w.freeze) && (!w.clip || c.clip === w.clip) && (!w.status || c.display === w.status || c.status === w.status)
-      && (!w.cause || c.cause === w.cause);
+      && (!w.cause || c.cause === w.cause) && (!w.resume || c.resume === w.resume);
   }
   function summarize(shown, w) {
     // Same counting as grid.py's Section: raw statuses, plus known / fixed? where the registry says so.
@@ -71,6 +72,7 @@
         bump(f, c.status);
         if (c.display !== c.status) bump(f, c.display);
         if (c.cause) bump(f, 'red:' + c.cause);
+        if (c.resume) bump(f, 'resume:' + c.resume);
       });
     });
     summary.querySelectorAll('tr[data-framework]').forEach(tr => {
@@ -138,6 +140,8 @@
     add(dl, 'emulation', c.emulation ? 'yes (CUDA-on-CPU shim)' + (emulated.length ? ': ' + emulated.join('; ') : '')
       : 'no');
     add(dl, 'grad access', c.grad_access);
+    add(dl, 'model checkpoint (resume)', c.resume_api ? c.resume_api + ' · round trip ' + (c.resume || 'not judged')
+      : 'no round trip');
     add(dl, 'grad norm source', c.grad_norm_source);
     if (c.duration_s !== null) add(dl, 'duration', c.duration_s + ' s');
     add(dl, 'cause', c.cause);
