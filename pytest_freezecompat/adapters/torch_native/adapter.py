@@ -246,7 +246,10 @@ def _ddp(ctx: RunContext, model: nn.Module, plan: FreezePlan, find_unused: bool)
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     wrapped = DDP(model, device_ids=device_ids, find_unused_parameters=find_unused)
     optimizer = ctx.make_optimizer(optimizer_params(wrapped.module, plan.optimized))
-    saves = _PeftAdapterSave if hasattr(model, "peft_config") else _FullSave  # a peft model ships its adapter
+    # A peft model whose trainable params are all its adapter's ships the adapter alone, as peft users do; one
+    # whose base trains too (the nothing-frozen control) needs a full save, which is what such a user makes.
+    adapter_only = hasattr(model, "peft_config") and set(plan.trainable) <= set(_peft_names(model).values())
+    saves = _PeftAdapterSave if adapter_only else _FullSave
     return saves(ctx, wrapped, ParamView(wrapped.module, optimizer), optimizer,
                      "returned by torch.nn.utils.clip_grad_norm_")
 
