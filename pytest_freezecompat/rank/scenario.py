@@ -227,7 +227,9 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     if cell.precision in reference.LOW_PRECISION:
         record.reference_mixed = _facts(reference.run(cell, plan, initial, batches, *bare(),
                                                       compute_dtype=reference.LOW_PRECISION[cell.precision]))
-    stale = set(plan.trainable) - set(plan.optimized)  # grads that accumulate outside any checkpoint
+    # Grads that accumulate outside any checkpoint: trainable params outside the user's optimizer set that the
+    # stack's optimizer does not track either (a stack that tracks every param, C7, steps and zeroes them all).
+    stale = set(plan.trainable) - set(plan.optimized) - set(record.tracked or ())
     if record.resume is not None and stale:
         record.reference_resumed = _facts(reference.run(cell, plan, initial, batches, *bare(),
                                                         resumed_after=record.resume.saved_after))

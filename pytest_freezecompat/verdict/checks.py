@@ -370,7 +370,11 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         finding("not in the saved files", expected_in_files - set(resume.saved_params))
     saved_at = lead.steps[resume.saved_after]
     if resume.saved_state is not None:
-        stepped = {n for n in before & names if (saved_at.grads or {}).get(n) is not None}
+        # Stepped: it had a grad the optimizer could use. An all-zero grad on a param that did not move (a
+        # tracked frozen param read back as zeros) was not stepped: AdamW's decay would have moved it.
+        initial = lead.initial or {}
+        stepped = {n for n in before & names if (grad := (saved_at.grads or {}).get(n)) is not None
+                   and (np.any(grad) or not np.array_equal((saved_at.params or {}).get(n), initial.get(n)))}
         if stepped - set(resume.saved_state):
             finding("no optimizer state in the saved files for a param the optimizer stepped",
                     stepped - set(resume.saved_state))

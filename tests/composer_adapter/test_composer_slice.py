@@ -24,6 +24,8 @@ ADAPTER = DECLARATION.implementation_module
 TIMEOUT_S = 120.0
 #: Before 0.24 Composer's FSDP path re-created the optimizer over every param (C7, composer-fsdp-optimizer-recreated).
 RECREATES_OPTIMIZER = Version(composer.__version__) < Version("0.24")
+#: torch 2.3 (Composer 0.23's pin): every resume with AdamW decays the trainable params once (compat's line).
+LOAD_DECAYS_PARAMS = compat.optimizer_load_decays_params()
 needs_fsdp2 = pytest.mark.skipif(compat.fsdp2_config_class() is None,
                                  reason=f"Composer {compat.composer_version()} has no FSDP2 (from {compat.FSDP2_FROM})")
 
@@ -49,9 +51,18 @@ def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list[RankRecord]]:
     return checks.judge(result, c, TIMEOUT_S), [r.record for r in result.ranks]
 
 
+def assert_passes(verdict: checks.Verdict) -> None:
+    """Pass; where torch's optimizer load decays the params, every check but the round trip's passes."""
+    if not LOAD_DECAYS_PARAMS:
+        assert verdict.status == "pass", verdict.message
+        return
+    assert [f.check for f in verdict.failures] == ["resume"], verdict.message
+    assert verdict.failures[0].message.startswith("after load, values differ from what was saved"), verdict.message
+
+
 def test_ddp_trains_like_the_reference_with_grads_and_norm_read_in_callbacks(pool: RankPool) -> None:
     verdict, records = run(pool, cell("ddp", "embedding"))
-    assert verdict.status == "pass", verdict.message
+    assert_passes(verdict)
     steps = records[0].steps
     assert len(steps) == 2 and all(s.grads["head.weight"] is not None for s in steps)
     assert steps[0].grads["tok_emb.weight"] is None  # frozen: no grad
@@ -96,7 +107,7 @@ def test_flat_param_fsdp1_refuses_an_optimizer_subset_and_maps_the_flat_params(p
     # Composer's own refusal from 0.24; before, torch's (Must flatten tensors with uniform requires_grad ...).
     assert verdict.status == "error" and "use_orig_params=False" in verdict.message
     verdict, records = run(pool, cell("fsdp1", "none"))
-    assert verdict.status == "pass", verdict.message
+    assert_passes(verdict)
     assert records[0].tracked == tuple(sorted(records[0].plan.names))  # flat params expanded through _fqns
     assert "_fqns" in records[0].grad_access
 
@@ -105,7 +116,7 @@ def test_emulation_is_what_lets_fsdp1_run_on_cpu(pool: RankPool) -> None:
     marked = cell("fsdp1-orig-params", "none")
     assert marked.emulation
     verdict, records = run(pool, marked)
-    assert verdict.status == "pass", verdict.message
+    assert_passes(verdict)
     assert any("current_device" in e for e in records[0].emulated)
     verdict, records = run(pool, dataclasses.replace(marked, emulation=False, shim=None))
     assert verdict.status == "error" and not records[0].emulated

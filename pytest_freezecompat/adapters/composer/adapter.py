@@ -15,14 +15,17 @@ over every parameter, frozen ones included.
 from __future__ import annotations
 
 import atexit
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 from composer import Callback, ComposerModel, Trainer
 from composer.algorithms import GradientClipping
-from composer.core import State
+from composer.callbacks import CheckpointSaver
+from composer.core import Event, State
 from composer.core.engine import Engine
 from composer.loggers import Logger
 from composer.utils import collect_env
@@ -31,9 +34,11 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from ... import models
-from ..base import AdapterBase, Batch, RunContext, apply_freeze
-from ..loop import StepProbes
+from .. import loop
+from ..base import AdapterBase, Batch, RunContext, apply_freeze, strip_wrapper_infixes
+from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
 from ..materialize import MetaInit
+from ..saved_files import dcp_keys, full_contents, load_file, state_names
 from ..views import CHECKPOINT_WRAPPER_INFIXES, DTensorView, FSDP1View, ParamView
 from . import DEFAULT_OPTIMIZER_SUFFIX, UNSHIMMED_GLOO_AVG, compat
 
@@ -54,8 +59,19 @@ FRAMEWORK_CHECKPOINT = "framework"
 TAP_NOTE = "(Composer discards the value; a pass-through wrapper kept it)"
 
 
+#: FSDP1 plugins whose checkpoints are sharded (`state_dict_type='sharded'`); the others keep FSDPConfig's
+#: default, full. FSDP2 keeps FSDP2Config's default, sharded. Both formats run on every Composer release.
+SHARDED_FSDP1 = frozenset({"fsdp1-shard-grad-op"})
+
+
+def _sharded(plugin: str) -> bool:
+    """Whether the plugin's checkpoints are sharded (DCP, a folder) rather than full (one file from rank 0)."""
+    return plugin == "fsdp2" or plugin in SHARDED_FSDP1
+
+
 def _parallelism(plugin: str, framework_ac: bool) -> dict[str, Any] | None:
     """The `parallelism_config` a user passes for each plugin id; None means DDP (Composer's default)."""
+    sharded = _sharded(plugin)
     if plugin == "ddp":
         return None
     if plugin == "fsdp2":
@@ -63,14 +79,16 @@ def _parallelism(plugin: str, framework_ac: bool) -> dict[str, Any] | None:
         if fsdp2_config is None:
             raise NotImplementedError(f"Composer {compat.composer_version()} has no FSDP2Config (FSDP2 from Composer "
                                       f"{compat.FSDP2_FROM}): a rule in composer.toml should exclude {plugin!r}")
-        return {"fsdp": fsdp2_config(activation_checkpointing=framework_ac)}
+        return {"fsdp": fsdp2_config(activation_checkpointing=framework_ac,
+                                     state_dict_type="sharded" if sharded else "full")}
     strategies = {"fsdp1": ("FULL_SHARD", False), "fsdp1-orig-params": ("FULL_SHARD", True),
                   "fsdp1-shard-grad-op": ("SHARD_GRAD_OP", True)}
     if plugin not in strategies:
         raise ValueError(f"composer adapter has no plugin {plugin!r}")
     sharding, orig_params = strategies[plugin]
     return {"fsdp": FSDPConfig(sharding_strategy=sharding, use_orig_params=orig_params,
-                               activation_checkpointing=framework_ac)}
+                               activation_checkpointing=framework_ac,
+                               state_dict_type="sharded" if sharded else "full")}
 
 
 class _Shell(ComposerModel):
@@ -139,13 +157,21 @@ class _NormTap:
 
 
 class _Probes(Callback):
-    """The probe's fixed points at the Trainer's events (one microbatch per batch)."""
+    """The probe's fixed points at the Trainer's events (one microbatch per batch), from step `first_step`.
 
-    def __init__(self, probes: StepProbes, tap: _NormTap, clips: bool) -> None:
+    `save_after`: at that step's `Event.BATCH_CHECKPOINT`, the round trip's save (`loop.save`): it makes the
+    call the Engine is about to make to Composer's `CheckpointSaver`, so that a save that raises is charged to
+    the round trip (the Engine's own call then finds the batch saved and does nothing).
+    """
+
+    def __init__(self, probes: StepProbes, tap: _NormTap, clips: bool, first_step: int = 0,
+                 save_after: Callable[[int], bool] | None = None) -> None:
         self.probes = probes
         self.tap = tap
         self.clips = clips
-        self.step = 0
+        self.step = first_step
+        self.save_after = save_after
+        self.saved: bool | None = None
 
     def before_forward(self, state: State, logger: Logger) -> None:
         self.probes.forward(self.step)
@@ -165,19 +191,9 @@ class _Probes(Callback):
         self.probes.stepped(self.step)
         self.step += 1
 
-
-def _trainer(ctx: RunContext, shell: _Shell, optimizer: torch.optim.Optimizer | None,
-             parallelism: dict[str, Any] | None) -> Trainer:
-    """A Trainer that writes, downloads and logs nothing: no loggers, progress bars, checkpoints or autoresume."""
-    hyper = ctx.cell.hyper
-    return Trainer(
-        model=shell, train_dataloader=[ctx.local_batch(step) for step in range(hyper.steps)],
-        max_duration=f"{hyper.steps}ba", device_train_microbatch_size=hyper.batch_per_rank,
-        optimizers=optimizer, parallelism_config=parallelism,
-        algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=hyper.max_norm)] if hyper.clips else [],
-        device="gpu" if ctx.device.type == "cuda" else "cpu", seed=hyper.seed,
-        loggers=[], progress_bar=False, log_to_console=False, save_folder=None, autoresume=False,
-    )
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        if self.save_after is not None and self.step - 1 == SAVE_AFTER_STEP:
+            self.saved = self.save_after(self.step - 1)
 
 
 def _view(base: str, shell: _Shell, state: State) -> ParamView:
@@ -188,13 +204,65 @@ def _view(base: str, shell: _Shell, state: State) -> ParamView:
     return view
 
 
-class ComposerAdapter(AdapterBase):
-    def run(self, ctx: RunContext) -> None:
-        plugin = ctx.cell.key.plugin
-        default_optimizer = plugin.endswith(DEFAULT_OPTIMIZER_SUFFIX)
-        base = BASE_OF.get(plugin, plugin.removesuffix(DEFAULT_OPTIMIZER_SUFFIX))
+#: Composer's default names, spelled out because the round trip loads what they name: a full checkpoint is
+#: one file written by rank 0; a sharded one a folder (`FSDPConfig.sharded_ckpt_prefix_dir`) of DCP files.
+SAVE_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+SHARDED_FOLDER = "ep{epoch}-ba{batch}"
+#: The bare model is the shell's child `model`: every key of Composer's model state dict starts with it.
+SHELL_PREFIX = "model."
+
+
+def _saves_after(step: int) -> Callable[[State, Event], bool]:
+    """A `save_interval` (Composer takes `(State, Event) -> bool`): the checkpoint after batch `step + 1` only,
+    the round trip's save; a resuming Trainer finds nothing newer in the folder."""
+
+    def interval(state: State, event: Event) -> bool:
+        return event == Event.BATCH_CHECKPOINT and int(state.timestamp.batch) == step + 1
+
+    return interval
+
+
+def _bare(name: str) -> str:
+    """A key of Composer's model or optimizer state dict -> the bare model's name."""
+    return strip_wrapper_infixes(name.removeprefix(SHELL_PREFIX), CHECKPOINT_WRAPPER_INFIXES)
+
+
+def _dcp_contents(directory: Path) -> Saved:
+    """A sharded Composer checkpoint: DCP flattens `{'state': State.state_dict(), 'rng': ...}` into
+    `state.model.<fqn>` and `state.optimizers.<optimizer class>.state.<fqn>.<moment>` (metadata only)."""
+    model, optimizers = "state.model.", "state.optimizers."
+    params, state = set(), []
+    for key in dcp_keys(directory):
+        if key.startswith(model):
+            params.add(_bare(key[len(model):]))
+        elif key.startswith(optimizers):
+            _, _, rest = key[len(optimizers):].partition(".")  # the optimizer's class name, then its state dict
+            if rest.startswith("state."):
+                state.append(rest[len("state."):])
+    return Saved(frozenset(params), state_names(state, _bare))
+
+
+class _Run:
+    """One Composer training script: the user's model, freeze, optimizer and `Trainer`, and the round trip.
+
+    Saving is Composer's own checkpointing: `Trainer(save_folder=..., save_interval=...)` adds a
+    `CheckpointSaver` that writes `State.state_dict()` at `Event.BATCH_CHECKPOINT`; resuming is a new Trainer
+    with `load_path` (which loads in its `__init__`, after wrapping) and `fit()`, which goes on from the saved
+    timestamp, spinning the dataloader past the batches already trained.
+    """
+
+    def __init__(self, ctx: RunContext, plugin: str, tap: _NormTap) -> None:
+        self.ctx, self.tap = ctx, tap
+        self.default_optimizer = plugin.endswith(DEFAULT_OPTIMIZER_SUFFIX)
+        self.base = BASE_OF.get(plugin, plugin.removesuffix(DEFAULT_OPTIMIZER_SUFFIX))
+        self.sharded = _sharded(self.base)
+        self.parallelism = _parallelism(self.base, framework_ac=ctx.cell.key.checkpoint == FRAMEWORK_CHECKPOINT)
+        self.save_api = (
+            "Composer Trainer(save_folder, save_interval) -> CheckpointSaver: State.state_dict() "
+            + ("dist_cp.save (FSDP state_dict_type='sharded'); " if self.sharded else
+               "torch.save on rank 0 (full state dict); ")
+            + "resume: Trainer(load_path=<checkpoint>) + fit()")
         meta = ctx.cell.key.init == "meta"
-        parallelism = _parallelism(base, framework_ac=ctx.cell.key.checkpoint == FRAMEWORK_CHECKPOINT)
         ctx.probe.phase("build model")
         # With Composer's own checkpointing (`framework`), the bare model's forward does none.
         model = ctx.build_model(device="meta" if meta else ctx.device)
@@ -208,26 +276,114 @@ class ComposerAdapter(AdapterBase):
             # sharding (DTensors, each rank fills its shard).
             model.param_init_fn = MetaInit(model, ctx.cell.hyper.seed, ctx.eager_buffers())
         ctx.probe.phase("build optimizer")
-        optimizer = None if default_optimizer else ctx.make_optimizer(
+        self.optimizer = None if self.default_optimizer else ctx.make_optimizer(
             [p for n, p in model.named_parameters() if n in plan.optimized])
-        shell = _Shell(model, ctx.loss)
+        self.shell = _Shell(model, ctx.loss)
+        self.trainer: Trainer | None = None
+        self._view: ParamView | None = None
+
+    def start(self, save_folder: Path | None = None, load_path: Path | None = None,
+              ignore_keys: list[str] | None = None) -> Trainer:
+        """The Trainer (no loggers, progress bars or autoresume); it wraps the model, and loads `load_path`."""
+        hyper = self.ctx.cell.hyper
+        self.trainer = Trainer(
+            model=self.shell, train_dataloader=[self.ctx.local_batch(step) for step in range(hyper.steps)],
+            max_duration=f"{hyper.steps}ba", device_train_microbatch_size=hyper.batch_per_rank,
+            optimizers=self.optimizer, parallelism_config=self.parallelism,
+            algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=hyper.max_norm)]
+            if hyper.clips else [],
+            device="gpu" if self.ctx.device.type == "cuda" else "cpu", seed=hyper.seed,
+            loggers=[], progress_bar=False, log_to_console=False, autoresume=False,
+            save_folder=None if save_folder is None else str(save_folder), save_filename=SAVE_FILENAME,
+            save_interval=_saves_after(SAVE_AFTER_STEP),
+            load_path=None if load_path is None else str(load_path), load_progress_bar=False,
+            load_ignore_keys=ignore_keys, load_strict_model_weights=not ignore_keys,
+        )
+        self._view = _view(self.base, self.shell, self.trainer.state)
+        return self.trainer
+
+    @property
+    def view(self) -> ParamView:
+        assert self._view is not None, "the Trainer is not built yet"
+        return self._view
+
+    def fit(self, callback: _Probes) -> None:
+        assert self.trainer is not None
+        # First: at BATCH_CHECKPOINT it must run before the CheckpointSaver (see `_Probes`).
+        self.trainer.state.callbacks.insert(0, callback)
+        with self.tap.installed():
+            self.trainer.fit()
+
+    def checkpoint(self, directory: Path) -> Path:
+        """What `save` wrote after step SAVE_AFTER_STEP, as `load_path` names it (epoch 0: one epoch of batches)."""
+        names = {"epoch": 0, "batch": SAVE_AFTER_STEP + 1}
+        return directory / (SHARDED_FOLDER.format(**names) if self.sharded else SAVE_FILENAME.format(rank=0, **names))
+
+    # Resumable
+
+    def save(self, directory: Path) -> None:
+        assert self.trainer is not None
+        (saver,) = [c for c in self.trainer.state.callbacks if isinstance(c, CheckpointSaver)]
+        saver.batch_checkpoint(self.trainer.state, self.trainer.logger)
+        if not self.checkpoint(directory).exists():
+            raise FileNotFoundError(f"Composer's CheckpointSaver wrote no {self.checkpoint(directory)}")
+
+    def saved(self, directory: Path) -> Saved:
+        path = self.checkpoint(directory)
+        if self.sharded:
+            return _dcp_contents(path)
+        state = load_file(path)["state"]
+        (optimizer,) = state["optimizers"].values()  # keyed by the optimizer's class name
+        return full_contents(state["model"], optimizer["state"], {}, rename=_bare)
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()  # a collective (a barrier): every rank calls it
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        # Composer's documented way to leave keys out of a load; it loads non-strict then.
+        self.start(load_path=self.checkpoint(directory),
+                   ignore_keys=None if omit is None else [f"state/model/{SHELL_PREFIX}{omit}"])
+
+
+def _release(run: _Run | None) -> None:
+    if run is not None and run.trainer is not None:
+        run.trainer.engine.close()  # idempotent and without trainer.close()'s barrier: a failed rank can't hang
+
+
+class ComposerAdapter(AdapterBase):
+    def run(self, ctx: RunContext) -> None:
         tap = _NormTap()
-        trainer = None
+        first: _Run | None = None
+        fresh: _Run | None = None
         try:
-            ctx.probe.phase(f"Trainer init ({base})")
             # The shim spans fit() too: FSDP2 reduces grads during the backward.
-            with ctx.emulation():
-                trainer = _trainer(ctx, shell, optimizer, parallelism)
-                probes = StepProbes(ctx.probe, _view(base, shell, trainer.state))
-                if default_optimizer and ctx.rank == 0:
+            with ctx.emulation(), loop.shared_folder(ctx) as folder:
+                first = _Run(ctx, ctx.cell.key.plugin, tap)
+                ctx.probe.phase(f"Trainer init ({first.base})")
+                trainer = first.start(save_folder=folder)
+                if first.default_optimizer and ctx.rank == 0:
                     ctx.probe.note(f"optimizers=None: the Trainer built {type(trainer.state.optimizers[0]).__name__}")
+                probes = StepProbes(ctx.probe, first.view)
                 probes.wrapped()
-                trainer.state.callbacks.append(_Probes(probes, tap, ctx.cell.hyper.clips))
-                with tap.installed():
-                    trainer.fit()
-            trainer.close()
+                resumes = ctx.cell.hyper.steps > SAVE_AFTER_STEP + 1
+                saves = _Probes(probes, tap, ctx.cell.hyper.clips, save_after=functools.partial(
+                    loop.save, ctx, first, folder) if resumes else None)
+                first.fit(saves)
+                if not saves.saved:
+                    first.close()
+                    return
+                ctx.probe.resuming("tear down")
+                first.close()
+                _release(first)
+                ctx.probe.phase("resume: rebuild")
+                fresh = _Run(ctx, ctx.cell.key.plugin, tap)
+                loop.load(ctx, fresh, folder)
+                fresh.fit(_Probes(StepProbes(ctx.probe, fresh.view), tap, ctx.cell.hyper.clips,
+                                  first_step=SAVE_AFTER_STEP + 1))
+                fresh.close()
         finally:
-            if trainer is not None:
-                trainer.engine.close()  # idempotent and without trainer.close()'s barrier: a failed rank can't hang
+            _release(first)
+            _release(fresh)
             # Every Engine registers Engine._close with atexit, holding its State (model, optimizer): drop them.
             atexit.unregister(Engine._close)

@@ -31,6 +31,19 @@ def fsdp2_config_class() -> type | None:
     return getattr(parallelism, "FSDP2Config", None)
 
 
+def optimizer_load_decays_params() -> bool:
+    """Whether this torch's `set_optimizer_state_dict` (Composer's optimizer load from torch 2.3) initializes a
+    fresh optimizer by `step()` on zero grads at its real lr: AdamW's decoupled weight decay then shrinks every
+    trainable param once more on resume (torch 2.3's `_init_optim_state`; later releases zero the lr first).
+    Detected by doing it to one param; for the tests, which expect the `resume` check to see it."""
+    import torch
+    from torch.distributed.checkpoint import state_dict
+
+    param = torch.nn.Parameter(torch.ones(1))
+    state_dict._init_optim_state(torch.optim.AdamW([param], lr=0.1, weight_decay=0.1))
+    return not torch.equal(param.detach(), torch.ones(1))
+
+
 def composer_version() -> str:
     """The installed Composer release, for messages."""
     import composer
