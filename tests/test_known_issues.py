@@ -187,7 +187,7 @@ def test_annotate_and_the_markdown_marks(tmp_path):
     shown = {c["freeze"]: display_status(c) for c in report["cells"]}
     assert shown == {"embedding": "known", "lora": "fixed?", "none": "fail"}
     md = markdown.render(report)
-    assert "💥ᴷ" in md and "✅ᶠ" in md and "| torch | 1 | 1 | 1 | 0 | 0 | 0 | 1 | 1 | 0 | 0 | 0 | 0 | 3 |" in md
+    assert "💥ᴷ" in md and "✅ᶠ" in md and "| torch | 1 | 1 | 1 | 0 | 0 | 0 | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 3 |" in md
     assert "**fixed?** ([fsdp1-uniform](https://github.com/pytorch/pytorch/issues/91167))" in md
     assert ("**fsdp1-uniform** (1 fixed?, 1 known) under `fsdp1` — "
             "[pytorch#91167](https://github.com/pytorch/pytorch/issues/91167)") in md
