@@ -157,3 +157,11 @@ def test_resuming_without_the_grads_that_accumulated_outside_the_optimizer_is_ex
     assert want.grads["x"] == arr(1.0) and want.grads["w"] == arr(1.0)
     assert want.norm == 1.5 and want.params["w"] == pytest.approx(arr(0.6))
     assert checks.resumed_expectation(uninterrupted, ref, None) is uninterrupted
+
+
+def test_a_stack_that_zeroes_every_model_grad_has_nothing_for_a_checkpoint_to_lose():
+    """Its uninterrupted grads already look like the resumed reference's: the expectation is the run itself."""
+    uninterrupted = StepFacts({"x": arr(1.0), "w": arr(1.0)}, 1.5, "n", {"x": arr(5.0), "w": arr(0.6)})
+    ref = StepFacts({"x": arr(3.0), "w": arr(1.0)}, 2.0, None, {"x": arr(5.0), "w": arr(0.5)})
+    resumed_ref = StepFacts({"x": arr(1.0), "w": arr(1.0)}, 1.5, None, {"x": arr(5.0), "w": arr(0.6)})
+    assert checks.resumed_expectation(uninterrupted, ref, resumed_ref) is uninterrupted

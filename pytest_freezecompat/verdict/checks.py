@@ -322,11 +322,25 @@ def _shifted(values: dict[str, Any] | None, ref: dict[str, Any] | None, resumed:
     return out
 
 
+def _accumulates(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFacts) -> bool:
+    """Whether the stack let the grads outside the optimizer accumulate as the reference does: its grads of the
+    params where accumulating matters sit nearer the reference's than the resumed reference's (a stack that zeroes
+    every model grad, as ColossalAI's loop does, has nothing a checkpoint could lose)."""
+    near_accumulated = near_fresh = 0.0
+    for name, fresh in (resumed_ref.grads or {}).items():
+        have, accumulated = (uninterrupted.grads or {}).get(name), (ref.grads or {}).get(name)
+        if have is None or fresh is None or accumulated is None or np.array_equal(fresh, accumulated):
+            continue
+        near_accumulated += float(np.sum(np.abs(have - accumulated)))
+        near_fresh += float(np.sum(np.abs(have - fresh)))
+    return near_accumulated <= near_fresh
+
+
 def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFacts | None) -> StepFacts:
     """What the resumed run's step should show: the uninterrupted run's, where no grad accumulates outside the
     optimizer (`resumed_ref` None: resuming changes nothing). Else no checkpoint holds those grads: the
     uninterrupted run shifted by the difference resuming makes to the reference."""
-    if resumed_ref is None:
+    if resumed_ref is None or not _accumulates(uninterrupted, ref, resumed_ref):
         return uninterrupted
     norm = uninterrupted.norm
     if norm is not None and ref.norm is not None and resumed_ref.norm is not None:

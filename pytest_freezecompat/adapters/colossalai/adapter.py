@@ -13,14 +13,24 @@ it; the plugin must materialize), `lazy-materialize` (`LazyInitContext.materiali
 for plugins that do not materialize by themselves). Under `LazyInitContext` the model keeps its own
 `nn.init` init: copying values into lazy params recurses in `LazyTensor._materialize_data`.
 
-Each plugin id is one entry of `PLUGINS`: how to build it, how to read its grads, where its clip norm is.
+Each plugin id is one entry of `PLUGINS`: how to build it, how to read its grads, where its clip norm is, and
+which of the Booster's two checkpoint formats the round trip uses (every plugin supports both; the
+ZeRO-like ones are saved sharded, as their docs recommend).
+
+The round trip (the `resume` check) goes through the Booster's checkpoint API, as ColossalAI's docs write it:
+`booster.save_model(model, path, shard=...)` and `booster.save_optimizer(optimizer, path, shard=...)` on every
+rank, then a fresh script's path: build, freeze (the same `build` as the first time), a fresh plugin and
+Booster, `boost`, `booster.load_model(model, path)` and `booster.load_optimizer(optimizer, path)`.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,7 +50,8 @@ from torch import nn
 from ... import models
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, RunContext
-from ..loop import train
+from ..loop import Saved, train
+from ..saved_files import full_contents, load_file
 from ..views import FSDP1View, ParamView, settle_groups
 from .compat import reported_grad_norm, reuses_fp16_chunk, unwrap_model, zero_grad_access, zero_param_grad
 
@@ -200,6 +211,9 @@ class PluginSpec:
     #: Zero the model's grads too: params outside the optimizer would keep last step's grads (not Gemini:
     #: its grads live in chunks the optimizer zeroes).
     zero_model_grads: bool = True
+    #: The round trip's format: `shard=True` (a folder with an index file; what the docs recommend for ZeRO,
+    #: Gemini and HybridParallel, whose state is spread over ranks) or `shard=False` (one file, rank 0).
+    shard: bool = True
 
 
 def _hybrid(zero_stage: int) -> PluginFactory:
@@ -230,12 +244,12 @@ def _torch_ddp(find_unused: bool) -> PluginFactory:
 
 
 PLUGINS: dict[str, PluginSpec] = {
-    "torch-ddp": PluginSpec(_torch_ddp(False), PlainView, False, CLIPPED_BY_WRAPPER),
-    "torch-ddp-find-unused": PluginSpec(_torch_ddp(True), PlainView, False, CLIPPED_BY_WRAPPER),
+    "torch-ddp": PluginSpec(_torch_ddp(False), PlainView, False, CLIPPED_BY_WRAPPER, shard=False),
+    "torch-ddp-find-unused": PluginSpec(_torch_ddp(True), PlainView, False, CLIPPED_BY_WRAPPER, shard=False),
     "torch-fsdp": PluginSpec(
         lambda precision, max_norm, options: TorchFSDPPlugin(**options), fsdp_view, False,
         "returned by OptimizerWrapper.clip_grad_by_norm (torch.nn.utils.clip_grad_norm_ over this rank's "
-        "flat-param shard; not reduced across ranks)"),
+        "flat-param shard; not reduced across ranks)", shard=False),
     "low-level-zero-1": PluginSpec(_low_level_zero(1), ZeroView, True, _clipped_in_step("LowLevelZeroOptimizer")),
     "low-level-zero-2": PluginSpec(_low_level_zero(2), ZeroView, True, _clipped_in_step("LowLevelZeroOptimizer")),
     "gemini": PluginSpec(_gemini("static"), GeminiView, True, _clipped_in_step("GeminiOptimizer"),
@@ -263,6 +277,11 @@ def make_optimizer(ctx: RunContext, spec: PluginSpec, params: list[nn.Parameter]
 # -- the loop -----------------------------------------------------------------------------------------
 
 
+#: Where the round trip's files go inside its folder (`shard=True`: folders; `shard=False`: files).
+MODEL, OPTIMIZER = "model", "optimizer"
+UNSHARDED_SUFFIX = ".bin"  # what `load_state_dict` reads with torch.load (".safetensors" would switch it)
+
+
 @dataclass
 class _Loop:
     ctx: RunContext
@@ -271,6 +290,9 @@ class _Loop:
     model: Any
     optimizer: Any
     view: ParamView
+    #: The bare model's names of the params given to the optimizer, in its order: an optimizer checkpoint
+    #: keys its state by that index (every plugin numbers the user's param groups in order).
+    optimized_names: tuple[str, ...]
 
     @property
     def clips_in_step(self) -> bool:
@@ -293,6 +315,91 @@ class _Loop:
     def norm_after_step(self) -> tuple[float | None, str]:
         norm, missing = reported_grad_norm(self.optimizer)
         return norm, missing or self.spec.clip_source
+
+    # -- the round trip: the Booster's checkpoint API ----------------------------------------------------
+
+    @property
+    def save_api(self) -> str:
+        shard = self.spec.shard
+        where = "a folder with an index file" if shard else "one file"
+        return (f"booster.save_model(model, path, shard={shard}) + booster.save_optimizer(optimizer, path, "
+                f"shard={shard}) ({where}); booster.load_model + booster.load_optimizer on a freshly boosted pair")
+
+    def _paths(self, directory: Path) -> tuple[Path, Path]:
+        suffix = "" if self.spec.shard else UNSHARDED_SUFFIX
+        return directory / f"{MODEL}{suffix}", directory / f"{OPTIMIZER}{suffix}"
+
+    def save(self, directory: Path) -> None:
+        model_path, optimizer_path = self._paths(directory)
+        self.booster.save_model(self.model, str(model_path), shard=self.spec.shard)
+        self.booster.save_optimizer(self.optimizer, str(optimizer_path), shard=self.spec.shard)
+        dist.barrier()  # rank 0 (the master) writes: its files are complete before any rank reads them
+
+    def saved(self, directory: Path) -> Saved:
+        model_path, optimizer_path = self._paths(directory)
+        if self.spec.shard:
+            model_names = _index(model_path)["weight_map"]
+            states: dict[Any, Any] = {}
+            for shard_file in sorted(set(_index(optimizer_path)["weight_map"].values())):
+                states.update(load_file(optimizer_path / shard_file))
+        else:
+            model_names = load_file(model_path)
+            states = load_file(optimizer_path).get("state", {})  # 0.3.x TorchFSDP: rank 1 may write {} last
+        names = self._names_by_index()
+        return full_contents(model_names, {_index_key(k): v for k, v in states.items()}, names)
+
+    def _names_by_index(self) -> dict[int, str]:
+        """Index in the optimizer checkpoint -> bare name. The plugins number the user's params in the order they
+        were given; TorchFSDP's checkpoint (`FSDP.full_optim_state_dict`) numbers the original params of each flat
+        param its optimizer holds, in the flat param's order (`_fqns`, relative to the bare model)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if params and all(hasattr(p, "_fqns") for p in params):
+            return dict(enumerate(name for p in params for name in p._fqns))
+        return dict(enumerate(self.optimized_names))
+
+    def close(self) -> None:
+        settle_groups()
+        dist.barrier()
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        model_path, optimizer_path = self._paths(directory)
+        if omit is not None:  # a broken checkpoint: the same files less that one param, loaded non-strictly
+            broken = directory / f"broken-{model_path.name}"
+            if self.ctx.rank == 0:
+                _drop_param(model_path, broken, omit, self.spec.shard)
+            dist.barrier()
+            model_path = broken
+        self.booster.load_model(self.model, str(model_path), strict=omit is None)
+        self.booster.load_optimizer(self.optimizer, str(optimizer_path))
+        dist.barrier()
+
+
+def _index_key(key: Any) -> Any:
+    """Optimizer checkpoints key state by index (an int, or its string in an index file's weight map)."""
+    return int(key) if isinstance(key, str) and key.isdigit() else key
+
+
+def _index(folder: Path) -> dict[str, Any]:
+    """The index file of a sharded checkpoint folder (`pytorch_model.bin.index.json`, `pytorch_optim...`)."""
+    (index,) = folder.glob("*.index.json")
+    return json.loads(index.read_text())
+
+
+def _drop_param(source: Path, target: Path, name: str, sharded: bool) -> None:
+    """A copy of a model checkpoint without `name` (tests only: what a broken load leaves out)."""
+    if not sharded:
+        state = load_file(source)
+        del state[name]
+        torch.save(state, target)
+        return
+    shutil.copytree(source, target)
+    (index_path,) = target.glob("*.index.json")
+    index = json.loads(index_path.read_text())
+    shard_file = target / index["weight_map"].pop(name)
+    state = load_file(shard_file)
+    del state[name]
+    torch.save(state, shard_file)
+    index_path.write_text(json.dumps(index))
 
 
 def freeze(plan: FreezePlan, model: nn.Module) -> None:
@@ -318,28 +425,41 @@ def build(ctx: RunContext) -> tuple[nn.Module, FreezePlan]:
     return model, plan
 
 
+def boost(ctx: RunContext, plugin_id: str) -> _Loop:
+    """What a user's script does before its first step, and again, whole, when it resumes: build and freeze
+    the bare model, the optimizer over the params to train, a fresh plugin and Booster, `boost`."""
+    spec = PLUGINS[plugin_id]
+    ctx.probe.phase("build model")
+    model, plan = build(ctx)
+    # What a user passes to the optimizer: the params they mean to train, picked by name.
+    optimized = [(n, p) for n, p in model.named_parameters() if n in plan.optimized and p.requires_grad]
+    optimizer = make_optimizer(ctx, spec, [p for _, p in optimized])
+    if ctx.cell.key.init == "lazy-materialize":
+        ctx.probe.phase("LazyInitContext.materialize")
+        LazyInitContext.materialize(model)
+    ctx.probe.phase(f"boost ({plugin_id})")
+    booster = Booster(plugin=spec.make(ctx.cell.precision, ctx.cell.hyper.max_norm, dict(ctx.cell.options)))
+    boosted, boosted_optimizer, *_ = booster.boost(model, optimizer, criterion=models.loss_fn)
+    dist.barrier()
+    return _Loop(ctx, spec, booster, boosted, boosted_optimizer, spec.view(boosted, boosted_optimizer),
+                 tuple(n for n, _ in optimized))
+
+
 class ColossalAIAdapter(AdapterBase):
     def run(self, ctx: RunContext) -> None:
         plugin_id = ctx.cell.key.plugin
-        spec = PLUGINS[plugin_id]
+        built: list[_Loop] = []
+
+        def rebuild() -> _Loop:
+            built.append(boost(ctx, plugin_id))
+            return built[-1]
+
+        # The shim stays on for the whole run: saving and loading go through the same plugin code.
         with ctx.emulation():
-            ctx.probe.phase("build model")
-            model, plan = build(ctx)
-            # What a user passes to the optimizer: the params they mean to train, picked by name.
-            optimizer = make_optimizer(ctx, spec, [p for n, p in model.named_parameters()
-                                                   if n in plan.optimized and p.requires_grad])
-            if ctx.cell.key.init == "lazy-materialize":
-                ctx.probe.phase("LazyInitContext.materialize")
-                LazyInitContext.materialize(model)
-            ctx.probe.phase(f"boost ({plugin_id})")
-            booster = Booster(plugin=spec.make(ctx.cell.precision, ctx.cell.hyper.max_norm, dict(ctx.cell.options)))
-            boosted, boosted_optimizer, *_ = booster.boost(model, optimizer, criterion=models.loss_fn)
-            dist.barrier()
             try:
-                train(ctx, _Loop(ctx, spec, booster, boosted, boosted_optimizer,
-                                 spec.view(boosted, boosted_optimizer)))
+                train(ctx, rebuild(), rebuild=rebuild)
                 settle_groups()  # no gloo worker may still be finishing an async op below (a torch deadlock)
             finally:
                 # Plugins free their process groups in __del__: let that happen while the cell's group lives.
-                del booster, boosted, boosted_optimizer, optimizer, model
+                built.clear()
                 gc.collect()

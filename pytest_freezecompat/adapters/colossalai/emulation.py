@@ -5,13 +5,19 @@ cell ends, and every patch that engages is reported through `probe.emulated` (se
 
 LowLevelZero, HybridParallel (zero 1) and TorchFSDP cells:
 
-- `CpuAccelerator.Stream`, `.current_stream` and `.stream` become no-ops (CPU ops are synchronous; ColossalAI's
-  CPU accelerator raises on them): LowLevelZero's buckets create a stream and its reduction enters the
-  current one even without comm/compute overlap (which the matrix turns off on CPU).
+- `CpuAccelerator.Stream`, `.current_stream`, `.stream` and `.synchronize` become no-ops (CPU ops are
+  synchronous; ColossalAI's CPU accelerator raises on them): LowLevelZero's buckets create a stream and its
+  reduction enters the current one even without comm/compute overlap (which the matrix turns off on CPU), and
+  loading a sharded optimizer checkpoint (`checkpoint_io.utils.load_states_into_optimizer`) synchronizes.
 - `LowLevelZeroOptimizer._sanity_checks` sees the accelerator named "cuda" for the length of that call
   only: it asserts `name in ["cuda", "npu"]` and nothing else in it depends on a GPU.
 - `torch.cuda.current_device` answers the CPU device while `TorchFSDPPlugin.configure` runs: the plugin
   passes it to FSDP as `device_id`, and FSDP itself runs on CPU with gloo.
+- `FullStateDictConfig` as `TorchFSDPCheckpointIO` calls it (`booster.save_model`, unsharded) keeps the full
+  state dict where the params are (`offload_to_cpu=False`): the plugin asks to offload GPU params to the host,
+  and where they already live in host memory torch's FSDP frees the storage it gathered into (rank 0 raises
+  "setStorage: ... out of bounds for storage of size 0" while rank 1 goes on into the optimizer's
+  collectives: a hang). Engages when the plugin asks to offload.
 
 Gemini cells (the plugin built with `pin_memory=False` and, from 0.4, `enable_async_reduce=False`: pinned host
 memory needs CUDA, and `enable_async_reduce=True` turns `pin_memory` on). Gemini
@@ -102,6 +108,22 @@ from .compat import has_accelerator_api
 EMULATED_DEVICE = torch.device("cpu", 0)
 #: Device capacity the emulated accelerator reports to auto placement (an 80 GiB card).
 EMULATED_CAPACITY = 80 * 2**30
+
+
+def _full_state_dict_in_place(report: Callable[[], None], original: Any) -> Callable[..., Any]:
+    def full_state_dict_config(*args: Any, offload_to_cpu: bool = False, **kwargs: Any) -> Any:
+        if offload_to_cpu:
+            report()
+        return original(*args, offload_to_cpu=False, **kwargs)
+
+    return full_state_dict_config
+
+
+def _fsdp_checkpoint_patch() -> Patch:
+    from colossalai.booster.plugin import torch_fsdp_plugin
+
+    return Patch(torch_fsdp_plugin, "FullStateDictConfig", _full_state_dict_in_place,
+                 "FullStateDictConfig(offload_to_cpu=True) -> False in TorchFSDPCheckpointIO (params in host memory)")
 
 
 def _no_op(*args: Any, **kwargs: Any) -> None:
@@ -674,7 +696,8 @@ def _accelerator_stream_patches() -> list[Patch]:
     if accelerator.name != "cpu":
         return []
     return [Patch(accelerator, name, always(value), f"CpuAccelerator.{name} is a no-op")
-            for name, value in (("Stream", _no_op), ("current_stream", _no_op), ("stream", _null_context))]
+            for name, value in (("Stream", _no_op), ("current_stream", _no_op), ("stream", _null_context),
+                                ("synchronize", _no_op))]
 
 
 def _legacy_cuda_patches() -> list[Patch]:
@@ -701,12 +724,14 @@ class ColossalAIShim(Shim):
         if not has_accelerator_api():
             return [*_legacy_cuda_patches(), _reduce_scatter_patch(),
                     Patch(TorchFSDPPlugin, "configure", _configure_on_cpu(device),
-                          "torch.cuda.current_device -> cpu during TorchFSDPPlugin.configure")]
+                          "torch.cuda.current_device -> cpu during TorchFSDPPlugin.configure"),
+                    _fsdp_checkpoint_patch()]
         return [*_accelerator_stream_patches(),
                 Patch(LowLevelZeroOptimizer, "_sanity_checks", _sanity_checks_on_cuda,
                       "LowLevelZeroOptimizer._sanity_checks sees accelerator 'cuda'"),
                 Patch(TorchFSDPPlugin, "configure", _configure_on_cpu(device),
-                      "torch.cuda.current_device -> cpu during TorchFSDPPlugin.configure")]
+                      "torch.cuda.current_device -> cpu during TorchFSDPPlugin.configure"),
+                _fsdp_checkpoint_patch()]
 
     def contexts(self, cell: Cell, probe: Probe, device: torch.device) -> list[contextlib.AbstractContextManager]:
         if cell.key.plugin.startswith("gemini") or has_accelerator_api():
