@@ -42,8 +42,9 @@ from ...core.cell import Cell
 from ...core.freeze import FreezePlan
 from ..base import AdapterBase, Batch, LossOf, RunContext, apply_freeze
 from ..loop import train
-from ..views import all_gather_json, all_gather_tensors
+from ..views import all_gather_json, all_gather_tensors, settle_groups
 from . import WRAPPERS, compat
+from .checkpoint import MegatronCheckpoint
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 64, 8, 16, 2, 4
 #: `<wrapper>-tp<N>` or `<wrapper>-pp<N>`: the parallel layout is part of the plugin id.
@@ -347,8 +348,9 @@ def _materialize(ctx: RunContext, model: nn.Module, names: dict[str, str]) -> No
 
 
 @dataclass
-class _Loop:
-    """Megatron's own schedule (`get_forward_backward_func`) over this rank's microbatches."""
+class _Loop(MegatronCheckpoint):
+    """Megatron's own schedule (`get_forward_backward_func`) over this rank's microbatches; saved and loaded
+    through Megatron's distributed checkpointing (`checkpoint.MegatronCheckpoint`)."""
 
     ctx: RunContext
     layout: Layout
@@ -386,6 +388,12 @@ class _Loop:
         _, norm, _ = self.stepped
         return norm, "returned by MegatronOptimizer.step() (clip_grad = max_norm)"
 
+    def close(self) -> None:
+        """Nothing global to undo: the parallel state is kept for the rebuild, and the wrapped model, its grad
+        buffers and the optimizer belong to this loop alone. Let the groups settle before they are dropped."""
+        settle_groups()
+        dist.barrier()
+
 
 class MegatronAdapter(AdapterBase):
     def reference_model(self, cell: Cell) -> tuple[nn.Module, LossOf]:
@@ -397,14 +405,23 @@ class MegatronAdapter(AdapterBase):
 
     def _run(self, ctx: RunContext) -> None:
         layout = parse_plugin(ctx.cell.key.plugin)
-        meta = ctx.cell.key.init == "meta"
-        after_wrap = bool(ctx.cell.options.get(FREEZE_AFTER_WRAP, False))
         ctx.probe.phase(f"initialize_model_parallel(tp={layout.tp}, pp={layout.pp})")
-        # Made once per layout, as a user's job makes it once: kept with the rank's default group across clean cells.
+        # Made once per layout, as a user's job makes it once: kept with the rank's default group across clean
+        # cells, and reused (not made again) by the round trip's rebuild.
         ctx.kept.ensure("megatron parallel state", (layout.tp, layout.pp),
                         lambda: ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
                                                              pipeline_model_parallel_size=layout.pp),
                         ps.destroy_model_parallel)
+        problem = compat.round_trip_problem()
+        if problem:
+            ctx.probe.note(problem)
+        train(ctx, self.build(ctx, layout), rebuild=None if problem else lambda: self.build(ctx, layout))
+
+    def build(self, ctx: RunContext, layout: Layout) -> _Loop:
+        """What a user's script does before its first step (and again when it resumes): seed, build this
+        stage's model, freeze (before wrapping unless the rule says after), fill, wrap, make the optimizer."""
+        meta = ctx.cell.key.init == "meta"
+        after_wrap = bool(ctx.cell.options.get(FREEZE_AFTER_WRAP, False))
         tensor_parallel.model_parallel_cuda_manual_seed(ctx.cell.hyper.seed + SEED_OFFSET)
 
         ctx.probe.phase("build model")
@@ -425,7 +442,7 @@ class MegatronAdapter(AdapterBase):
         wrapped, optimizer = self._wrap(ctx, config, bare, layout, names, plan, after_wrap)
         config.no_sync_func = wrapped.no_sync
         dist.barrier()
-        train(ctx, _Loop(ctx, layout, _View(bare, names, dims, wrapped, optimizer, layout)))
+        return _Loop(ctx, layout, _View(bare, names, dims, wrapped, optimizer, layout))
 
     def _wrap(self, ctx: RunContext, config: TransformerConfig, bare: GPTModel, layout: Layout,
               names: dict[str, str], plan: FreezePlan, after_wrap: bool) -> tuple[nn.Module, Any]:
