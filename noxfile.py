@@ -61,21 +61,29 @@ def interpreter(version: str) -> str:
 
 class Environment:
     """One pin set's virtualenv, shared by the sessions that need it (nox would build one per session):
-    rebuilt only when its pins or the interpreter change, the checkout installed editable each time."""
+    rebuilt only when its pins, the interpreter or its setup modules change, the checkout installed editable each
+    time. `setup`: modules run once with the environment's python right after it is built (`python -m <module>`,
+    see `pytest_freezecompat.spec.environments`); the environment counts as built only once they all succeeded."""
 
-    def __init__(self, session: nox.Session, name: str, pins: list[str], python: str = "") -> None:
+    def __init__(self, session: nox.Session, name: str, pins: list[str], python: str = "",
+                 setup: list[str] | None = None) -> None:
         self.session = session
         self.location = ENVIRONMENTS / name
         stamp = self.location / "freezecompat-pins.json"
-        wanted = json.dumps({"python": python or sys.version, "pins": pins})
-        if not (stamp.is_file() and stamp.read_text() == wanted and self.bin("python").exists()):
+        # An environment without setup keeps the stamp it always had (no rebuild of the existing ones).
+        wanted = json.dumps({"python": python or sys.version, "pins": pins, **({"setup": setup} if setup else {})})
+        built = stamp.is_file() and stamp.read_text() == wanted and self.bin("python").exists()
+        if not built:
             shutil.rmtree(self.location, ignore_errors=True)
             other = ["-p", interpreter(python)] if python else []  # a release that needs another Python
             session.run_install(sys.executable, "-m", "virtualenv", "-q", *other, str(self.location))
             for requirement in pins:  # one pip call per requirement string, in order: some stacks need torch first
                 self.pip("install", *requirement.split())
-            stamp.write_text(wanted)
         self.pip("install", "-q", "-e", ".[torch,test]")
+        if not built:
+            for module in setup or ():  # after the checkout is installed: setup modules live in it
+                session.run_install(str(self.bin("python")), "-m", module)
+            stamp.write_text(wanted)
 
     def bin(self, program: str) -> Path:
         return self.location / "bin" / program
@@ -91,10 +99,10 @@ class Environment:
             shutil.rmtree(self.location, ignore_errors=True)
 
 
-def _matrix_session(name: str, pins: list[str], python: str) -> None:
+def _matrix_session(name: str, pins: list[str], python: str, setup: list[str]) -> None:
     @nox.session(name=f"matrix-{name}", tags=["matrix"], venv_backend="none")
     def matrix(session: nox.Session) -> None:
-        env = Environment(session, name, pins, python)
+        env = Environment(session, name, pins, python, setup)
         frozen = env.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
         if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
             shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
@@ -108,7 +116,7 @@ def _matrix_session(name: str, pins: list[str], python: str) -> None:
         env.drop_if_asked()
 
 
-def _tests_session(name: str, pins: list[str], frameworks: list[str], python: str) -> None:
+def _tests_session(name: str, pins: list[str], frameworks: list[str], python: str, setup: list[str]) -> None:
     @nox.session(name=f"tests-{name}", tags=["tests"], venv_backend="none")
     def tests(session: nox.Session) -> None:
         # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
@@ -116,7 +124,7 @@ def _tests_session(name: str, pins: list[str], frameworks: list[str], python: st
         paths = [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
         if name != "torch" and not paths:
             session.skip(f"no adapter tests for {', '.join(frameworks)}: its release runs in the matrix only")
-        env = Environment(session, name, pins, python)
+        env = Environment(session, name, pins, python, setup)
         if name == "torch":  # the engine's own tests run once, in the torch environment
             env.run("ruff", "check", ".")
             env.run("pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
@@ -126,8 +134,8 @@ def _tests_session(name: str, pins: list[str], frameworks: list[str], python: st
 
 
 for _name, _env in environments().items():
-    _matrix_session(_name, _env["install"], _env["python"])
-    _tests_session(_name, _env["install"], _env["frameworks"], _env["python"])
+    _matrix_session(_name, _env["install"], _env["python"], _env["setup"])
+    _tests_session(_name, _env["install"], _env["frameworks"], _env["python"], _env["setup"])
 
 
 @nox.session(tags=["tests"], reuse_venv="no")
