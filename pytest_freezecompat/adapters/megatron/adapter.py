@@ -395,6 +395,21 @@ class _Loop(MegatronCheckpoint):
         dist.barrier()
 
 
+def _stub_stage_problem(loop: _Loop) -> str | None:
+    """Why the round trip is not run where a pipeline stage has nothing to train and another does: its optimizer
+    saves nothing (Megatron-LM skips a stub's state) while the other stage's distributed optimizer issues
+    collectives the empty stage never joins, so the ranks' saves do not meet (distopt-pp2 all-but-last). A
+    collective: every rank answers."""
+    if loop.layout.wrapper != "megatron-ddp-distopt":  # Megatron's DDP and torch's save such a stage fine
+        return None
+    stubs = all_gather_json(not any(p.requires_grad for p in loop.view.bare.parameters()))
+    if all(stubs) or not any(stubs):
+        return None
+    return ("resume not checked: a pipeline stage has nothing to train (its optimizer is a stub, whose state "
+            "Megatron-LM does not save) while another trains; the stages' saves do not meet on the same "
+            "collectives here (to be worked out)")
+
+
 class MegatronAdapter(AdapterBase):
     def reference_model(self, cell: Cell) -> tuple[nn.Module, LossOf]:
         return MirrorGPT(), _mirror_loss
@@ -412,10 +427,11 @@ class MegatronAdapter(AdapterBase):
                         lambda: ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
                                                              pipeline_model_parallel_size=layout.pp),
                         ps.destroy_model_parallel)
-        problem = compat.round_trip_problem()
+        loop = self.build(ctx, layout)
+        problem = compat.round_trip_problem() or _stub_stage_problem(loop)
         if problem:
             ctx.probe.note(problem)
-        train(ctx, self.build(ctx, layout), rebuild=None if problem else lambda: self.build(ctx, layout))
+        train(ctx, loop, rebuild=None if problem else lambda: self.build(ctx, layout))
 
     def build(self, ctx: RunContext, layout: Layout) -> _Loop:
         """What a user's script does before its first step (and again when it resumes): seed, build this
