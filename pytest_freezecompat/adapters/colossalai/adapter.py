@@ -346,7 +346,12 @@ class _Loop:
             model_names = load_file(model_path)
             states = load_file(optimizer_path).get("state", {})  # 0.3.x TorchFSDP: rank 1 may write {} last
         names = self._names_by_index()
-        return full_contents(model_names, {_index_key(k): v for k, v in states.items()}, names)
+        bare = set(self.view.named_parameters())
+        # A peft model is saved as the model peft wraps (the booster unwraps it): keys lack `base_model.model.` and
+        # `.base_layer`; map them back to the bare model's names.
+        unwrapped = {_peft_unwrapped(name): name for name in bare}
+        return full_contents(model_names, {_index_key(k): v for k, v in states.items()}, names,
+                             rename=lambda key: key if key in bare else unwrapped.get(key, key))
 
     def _names_by_index(self) -> dict[int, str]:
         """Index in the optimizer checkpoint -> bare name. The plugins number the user's params in the order they
@@ -372,6 +377,11 @@ class _Loop:
         self.booster.load_model(self.model, str(model_path), strict=omit is None)
         self.booster.load_optimizer(self.optimizer, str(optimizer_path))
         dist.barrier()
+
+
+def _peft_unwrapped(name: str) -> str:
+    """`base_model.model.x.q_proj.base_layer.weight` -> `x.q_proj.weight`: a peft model's name as the model it wraps."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def _index_key(key: Any) -> Any:
