@@ -98,7 +98,8 @@ def _counts(sections: list[grid.Section]) -> list[str]:
     """Raw statuses per framework, then the registry's verdicts on some of them and the causes of red cells."""
     causes = [CAUSE_MARKS[c] for c in grid.CAUSES]
     trips = [f"resume {r}" for r in grid.ROUND_TRIPS]
-    lines = ["| framework | " + " | ".join([*grid.DISPLAY_STATUSES, *causes, *trips]) + " | cells |",
+    trip_headers = [RESUME_MARK, f"{RESUME_MARK}✓"]  # failed, held: short, so the table stays narrow
+    lines = ["| framework | " + " | ".join([*grid.DISPLAY_STATUSES, *causes, *trip_headers]) + " | cells |",
              "|---" * (len(grid.DISPLAY_STATUSES) + len(causes) + len(trips) + 2) + "|"]
     for section in sections:
         lines.append(f"| {_inline(section.framework)} | " + " | ".join(
@@ -106,8 +107,8 @@ def _counts(sections: list[grid.Section]) -> list[str]:
              *(str(section.counts[t]) for t in trips)]) + f" | {section.cells} |")
     return [*lines, "", "Raw statuses; `known` / `fixed?`: how many of them the known-issue registry explains / flags; "
                         + ", ".join(f"{CAUSE_MARKS[c]} {c}" for c in grid.CAUSES) + ": red cells by cause, known ones "
-                        f"included; `resume failed` ({RESUME_MARK}) / `resume held`: cells whose model-checkpoint "
-                        "round trip failed / held (a refusal or a run that raised has none)."]
+                        f"included; {RESUME_MARK} / {RESUME_MARK}✓: cells whose model-checkpoint round trip failed / "
+                        "held (a refusal or a run that raised has none)."]
 
 
 def _retries(cells: list[Cell]) -> str:
