@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
+from ..core.records import INTERPRETER_EXITS
 from .base import ModelView, Probe, RunContext
 
 #: The round trip saves after this step and resumes at the next (cells train `hyper.steps` = 2 steps).
@@ -169,14 +170,15 @@ def save(ctx: RunContext, loop: Resumable, folder: Path, step: int) -> bool:
         ctx.probe.saved(loop.save_api, step, loop.saved(folder))
         saved = True
     except BaseException as exc:  # torch's DCP raises CheckpointException, a BaseException: the stack's too
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        if isinstance(exc, INTERPRETER_EXITS):
             raise
         ctx.probe.save_failed(loop.save_api, step, exc)
         saved = False
     return all(_every_rank(ctx, saved))
 
 
-def _every_rank(ctx: RunContext, value: bool) -> list[bool]:
+def _every_rank(ctx: RunContext, value: Any) -> list[Any]:
+    """Every rank's JSON-serializable `value`, in rank order (a collective where there are several ranks)."""
     from .views import all_gather_json  # views imports torch's FSDP: not at import time of the contract
 
     return all_gather_json(value) if dist.is_initialized() and ctx.world_size > 1 else [value]
@@ -198,10 +200,8 @@ def shared_folder(ctx: RunContext) -> Iterator[Path]:
     """A fresh folder for one cell's saved files that every rank names alike (rank 0 makes it and tells the
     others; a collective). Rank 0 removes it when the cell ends, however it ends. On several hosts it must be
     on a shared file system: set TMPDIR there."""
-    from .views import all_gather_json  # views imports torch's FSDP: not at import time of the contract
-
     made = tempfile.mkdtemp(prefix=FOLDER_PREFIX) if ctx.rank == 0 else ""
-    folder = Path(all_gather_json(made)[0] if dist.is_initialized() and ctx.world_size > 1 else made)
+    folder = Path(_every_rank(ctx, made)[0])
     try:
         yield folder
     finally:

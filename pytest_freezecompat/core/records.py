@@ -13,6 +13,10 @@ from typing import Any
 from .cell import CellKey
 from .names import LATER_AXES
 
+#: What a framework may raise is anything, `BaseException` subclasses included (torch DCP's CheckpointException);
+#: only these, the interpreter's own exits, are never the stack's error.
+INTERPRETER_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
 #: The error type a rank records when a user's `@freeze_case` function breaks its contract (their code: it
 #: says nothing about the stack, like our own harness raising).
 FREEZE_CASE_ERROR = "FreezeCaseError"

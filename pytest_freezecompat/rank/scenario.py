@@ -22,7 +22,7 @@ from ..core.cell import Cell
 from ..core.freeze import FreezePlan, resolve
 from ..core.names import headline, import_ref, short_paths
 from ..core.phases import kind_of
-from ..core.records import PlanFacts, RankError, RankRecord, ResumeFacts, StepFacts
+from ..core.records import INTERPRETER_EXITS, PlanFacts, RankError, RankRecord, ResumeFacts, StepFacts
 from . import reference
 
 
@@ -31,10 +31,6 @@ def to_numpy(tensors: dict[str, torch.Tensor | None]) -> dict[str, np.ndarray | 
     return {n: None if t is None else t.detach().to("cpu", torch.float32).numpy().copy() for n, t in tensors.items()}
 
 
-#: What a framework raises: anything, `BaseException` subclasses included (torch's DCP raises CheckpointException,
-#: a BaseException); only the interpreter's own exits are not the stack's.
-STACK_ERRORS = BaseException
-NOT_STACK_ERRORS = (KeyboardInterrupt, SystemExit, GeneratorExit)
 #: The phases of the round trip start with it (`core.phases` charges them to `resume`).
 RESUME_PHASE = "resume"
 
@@ -256,8 +252,8 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
                          shim=import_ref(cell.shim) if cell.shim else None, kept=kept)
         adapter = import_ref(cell.adapter)()
         adapter.run(ctx)
-    except STACK_ERRORS as exc:  # a framework may raise anything; the controller classifies it
-        if isinstance(exc, NOT_STACK_ERRORS):
+    except BaseException as exc:  # a framework may raise anything; the controller classifies it
+        if isinstance(exc, INTERPRETER_EXITS):
             raise
         if recorder.resumed and record.resume is not None:  # the run before the round trip is judged as it was
             record.resume.error = describe_error(exc, record.phase, rank, recorder.step)
