@@ -1,7 +1,8 @@
 import pytest
+import torch
 
 from pytest_freezecompat import models
-from pytest_freezecompat.adapters.base import apply_freeze
+from pytest_freezecompat.adapters.base import apply_freeze, keep_rows
 from pytest_freezecompat.core import freeze
 from pytest_freezecompat.spec import matrix as spec
 
@@ -55,6 +56,42 @@ def test_apply_sets_requires_grad_on_the_bare_model():
     plan = freeze.resolve(PATTERNS["decoder"], GROUPS, [n for n, _ in model.named_parameters()])
     apply_freeze(plan, model)
     assert {n for n, p in model.named_parameters() if not p.requires_grad} == plan.frozen
+
+
+def test_embedding_rows_trains_the_token_embedding_with_its_rows_masked():
+    plan = plan_for("embedding-rows")
+    assert plan.trainable == {"tok_emb.weight"} and plan.rows == {"tok_emb.weight": (-16, None)}
+    model = models.build("tiny-gpt", seed=0)
+    apply_freeze(plan, model)
+    tokens = torch.arange(64).reshape(8, 8)
+    models.loss_fn(model(tokens), tokens.roll(1, dims=1)).backward()
+    grad = model.tok_emb.weight.grad
+    assert torch.count_nonzero(grad[:-16]) == 0 and torch.count_nonzero(grad[-16:]) > 0
+    assert model.head.weight.grad is None
+
+
+@pytest.mark.parametrize(("text", "bounds"), [("-16:", (-16, None)), ("0:8", (0, 8)), (":8", (None, 8)),
+                                              (" 2 : -2 ", (2, -2))])
+def test_rows_are_a_slice_of_the_first_dimension(text, bounds):
+    assert freeze.parse_rows(text) == bounds
+    grad = torch.arange(1.0, 11.0)
+    kept = keep_rows(bounds, grad)
+    inside = torch.zeros(10, dtype=torch.bool)
+    inside[slice(*bounds)] = True
+    assert torch.equal(kept[inside], grad[inside]) and not kept[~inside].any()
+    assert torch.equal(grad, torch.arange(1.0, 11.0))  # a hook must leave its input alone
+
+
+@pytest.mark.parametrize("text", [":", "4", "a:b", "1:2:3", ""])
+def test_a_malformed_row_range_is_an_error(text):
+    with pytest.raises(freeze.PatternError, match="is not a row range"):
+        freeze.parse_rows(text)
+
+
+def test_rows_of_a_frozen_param_are_an_error():
+    pattern = freeze.FreezePattern("x", trainable=(), rows={"w": "0:2"})
+    with pytest.raises(freeze.PatternError, match=r"rows of group 'w' train in a\.weight, which the pattern freezes"):
+        freeze.resolve(pattern, {"w": ("a.*",)}, ["a.weight"])
 
 
 def test_a_glob_that_matches_nothing_is_an_error():

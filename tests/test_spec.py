@@ -67,6 +67,16 @@ def test_pattern_naming_a_group_the_model_lacks(tmp_path):
         spec.load(path)
 
 
+def test_a_pattern_may_train_some_rows_of_a_group(tmp_path):
+    text = GOOD.replace('[freeze.none]', '[freeze.rows]\ntrainable = ["embedding"]\nrows = { embedding = "-4:" }\n'
+                        '[freeze.none]').replace('freeze = ["none", "embedding"]', 'freeze = ["none", "rows"]')
+    assert spec.load(write(tmp_path, text)).patterns["rows"].rows == {"embedding": "-4:"}
+    with pytest.raises(spec.SpecError, match=r"freeze\.rows\.rows\.embedding: rows '4' is not a row range"):
+        spec.load(write(tmp_path, text.replace('"-4:"', '"4"')))
+    with pytest.raises(spec.SpecError, match="names group 'vision', which model 'm' does not define"):
+        spec.load(write(tmp_path, text.replace("rows = { embedding", "rows = { vision")))
+
+
 def test_axis_values_may_not_contain_the_id_separator(tmp_path):
     path = write(tmp_path, GOOD.replace('plugins = ["ddp"]', 'plugins = ["ddp/x"]'))
     with pytest.raises(spec.SpecError, match="'ddp/x' is not a valid axis value"):

@@ -19,6 +19,7 @@ What it declares (`core.declaration.AdapterDeclaration` in its package's `__init
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from ..core.cell import Cell
-from ..core.freeze import FreezePlan
+from ..core.freeze import FreezePlan, RowRange
 
 Batch = dict[str, torch.Tensor]
 LossOf = Callable[[nn.Module, Batch], torch.Tensor]
@@ -164,9 +165,20 @@ class AdapterBase:
 
 
 def apply_freeze(plan: FreezePlan, model: nn.Module, names: Callable[[str], str] = str) -> None:
-    """Set `requires_grad` on the bare model, before any wrapper sees it (`names` maps local to plan names)."""
+    """Set `requires_grad` on the bare model, before any wrapper sees it (`names` maps local to plan names); a
+    param that trains only some rows gets the gradient-mask hook users write for it (`FreezePlan.rows`)."""
     for name, param in model.named_parameters():
         param.requires_grad_(names(name) in plan.trainable)
+        rows = plan.rows.get(names(name))
+        if rows is not None:
+            param.register_hook(functools.partial(keep_rows, rows))
+
+
+def keep_rows(rows: RowRange, grad: torch.Tensor) -> torch.Tensor:
+    """The grad with every row outside `rows` zeroed (a new tensor: a hook must not change its input)."""
+    kept = torch.zeros_like(grad)
+    kept[slice(*rows)] = grad[slice(*rows)]
+    return kept
 
 
 def strip_wrapper_infixes(name: str, infixes: tuple[str, ...]) -> str:

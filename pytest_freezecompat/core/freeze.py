@@ -11,10 +11,15 @@ thing checks and adapters share.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .names import ALL_GROUP, import_ref
+
+#: Rows of a param's first dimension, as a slice's (start, stop).
+RowRange = tuple[int | None, int | None]
+ROWS_RE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,10 @@ class FreezePattern:
     predicate: str | None = None
     #: A stack may refuse this pattern before the first step (e.g. nothing left to train): a refusal passes.
     may_refuse: bool = False
+    #: Partial trainability: group -> `start:stop` rows (Python slice syntax, negative counts from the end) that
+    #: train in each of the group's params; the other rows are held by a gradient-mask hook, as users do where a
+    #: stack has no per-row `requires_grad` (DeepSpeed#5041). The group's params must be trainable.
+    rows: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,8 @@ class FreezePlan:
     trainable: frozenset[str]
     optimized: frozenset[str]
     unused: frozenset[str]
+    #: name -> the rows that train (`FreezePattern.rows`); a gradient-mask hook zeroes the grads of the others.
+    rows: Mapping[str, RowRange] = field(default_factory=dict)
 
     @property
     def frozen(self) -> frozenset[str]:
@@ -53,6 +64,15 @@ class FreezePlan:
 
 class PatternError(ValueError):
     pass
+
+
+def parse_rows(text: str) -> RowRange:
+    """`"-16:"` -> (-16, None): a slice of the first dimension, as Python writes it."""
+    match = ROWS_RE.match(text)
+    if not match or text.strip() == ":":
+        raise PatternError(f"rows {text!r} is not a row range such as '-16:' or '0:8' (start:stop of a slice)")
+    start, stop = match.groups()
+    return (None if start is None else int(start)), (None if stop is None else int(stop))
 
 
 def _names_in_groups(groups: Iterable[str], group_globs: Mapping[str, Iterable[str]],
@@ -92,4 +112,12 @@ def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], na
         else trainable
     )
     unused = _names_in_groups(pattern.unused, group_globs, names, pattern.id)
-    return FreezePlan(names, frozenset(trainable), frozenset(optimized), frozenset(unused))
+    rows: dict[str, RowRange] = {}
+    for group, text in pattern.rows.items():
+        bounds = parse_rows(text)
+        for name in sorted(_names_in_groups([group], group_globs, names, pattern.id)):
+            if name not in trainable:
+                raise PatternError(f"freeze pattern {pattern.id!r}: rows of group {group!r} train in {name}, "
+                                   "which the pattern freezes")
+            rows[name] = bounds
+    return FreezePlan(names, frozenset(trainable), frozenset(optimized), frozenset(unused), rows)

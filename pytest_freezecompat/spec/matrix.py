@@ -22,7 +22,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..core.declaration import AdapterDeclaration, DeclarationError, load_declaration
-from ..core.freeze import FreezePattern
+from ..core.freeze import FreezePattern, PatternError, parse_rows
 from ..core.names import ALL_GROUP, CLIP_VALUES, LATER_AXES, RELEASE_SEPARATOR, VALUE_RE
 from .environments import Environment, merge_environment
 
@@ -244,7 +244,7 @@ def _load_models(src: _Source, table: Any, models: dict[str, dict[str, tuple[str
         models[name] = {g: _str_list(src, globs, f"models.{name}.groups.{g}", g) for g, globs in groups.items()}
 
 
-PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features", "may_refuse"}
+PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features", "may_refuse", "rows"}
 
 
 def _flag(src: _Source, body: dict[str, Any], key: str, what: str) -> bool:
@@ -252,6 +252,19 @@ def _flag(src: _Source, body: dict[str, Any], key: str, what: str) -> bool:
     if not isinstance(value, bool):
         raise src.error(f"{what}.{key} must be true or false", key)
     return value
+
+
+def _rows(src: _Source, body: dict[str, Any], what: str) -> dict[str, str]:
+    """`rows = { group = "start:stop" }`: checked here so a malformed range points at its line."""
+    table = body.get("rows", {})
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise src.error(f'{what}.rows must be a table of group = "start:stop"', "rows")
+    for group, text in table.items():
+        try:
+            parse_rows(text)
+        except PatternError as exc:
+            raise src.error(f"{what}.rows.{group}: {exc}", group) from None
+    return dict(table)
 
 
 def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
@@ -273,7 +286,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
             trainable=groups("trainable") if "trainable" in body else None,
             optimizer=groups("optimizer") if "optimizer" in body else None,
             unused=groups("unused"), features=groups("features"), description=str(body.get("description", "")),
-            may_refuse=_flag(src, body, "may_refuse", f"freeze.{pid}"),
+            may_refuse=_flag(src, body, "may_refuse", f"freeze.{pid}"), rows=_rows(src, body, f"freeze.{pid}"),
         )
     return patterns
 
@@ -463,7 +476,8 @@ def load(path: str | Path | None = None) -> Spec:
                                 model)
             for pid in fw.axes["freeze"]:
                 pattern = patterns[pid]
-                for group in (*pattern.frozen, *(pattern.trainable or ()), *(pattern.optimizer or ()), *pattern.unused):
+                for group in (*pattern.frozen, *(pattern.trainable or ()), *(pattern.optimizer or ()), *pattern.unused,
+                              *pattern.rows):
                     if group != ALL_GROUP and group not in models[model]:
                         raise src.error(f"freeze pattern {pid!r} names group {group!r}, which model {model!r} "
                                         f"does not define", pid)

@@ -1,0 +1,21 @@
+"""DeepSpeed: `deepspeed.initialize` and its engine, ZeRO stages 0-3, optimizer offload, zero.Init."""
+
+from ...core.declaration import AdapterDeclaration
+
+STAGES = ("zero0", "zero1", "zero2", "zero3", "zero2-offload")
+#: `-config-optim`: the optimizer from the config (DeepSpeed builds it: FusedAdam, or DeepSpeedCPUAdam when
+#: offloading) over `model.parameters()`; without it, the user's AdamW over the params they mean to train.
+CONFIG_OPTIMIZER = "-config-optim"
+
+#: `-bf16`: the config's `bf16: {enabled: true}` (a matrix rule sets the cell's precision to bf16: judged against the
+#: mixed-precision reference).
+BF16 = "-bf16"
+
+DECLARATION = AdapterDeclaration(
+    plugins=(*STAGES, *(f"{stage}{CONFIG_OPTIMIZER}" for stage in STAGES), *(f"{stage}{BF16}" for stage in STAGES)),
+    # zero-init: the model built inside `deepspeed.zero.Init` (stage 3 only: it partitions at construction).
+    init=("eager", "zero-init"),
+    # framework: DeepSpeed's own activation checkpointing (`deepspeed.checkpointing.checkpoint`) around each block.
+    checkpoint=("none", "reentrant", "non-reentrant", "framework"),
+    implementation="pytest_freezecompat.adapters.deepspeed.adapter:DeepSpeedAdapter",
+)

@@ -1,0 +1,103 @@
+"""The DeepSpeed adapter's parts in one process: plugin ids, the config a cell hands to `deepspeed.initialize`,
+the ops cache, and how the saved files are read back."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+import torch
+
+from pytest_freezecompat.adapters.deepspeed import DECLARATION, ops
+from pytest_freezecompat.adapters.deepspeed import adapter as ds
+from pytest_freezecompat.spec import matrix as spec
+from pytest_freezecompat.spec import plan
+
+
+def cell(select: str):
+    matrix = spec.load()
+    (found,) = plan.plan(matrix, plan.Selection.parse(f"framework=deepspeed,{select}", matrix), world_size=2,
+                         device="cpu")
+    return found
+
+
+@pytest.mark.parametrize("plugin", DECLARATION.plugins)
+def test_every_declared_plugin_parses(plugin: str) -> None:
+    parsed = ds.parse_plugin(plugin)
+    assert parsed.stage in (0, 1, 2, 3)
+    assert parsed.offload == ("offload" in plugin) and parsed.config_optimizer == ("-config-optim" in plugin)
+    assert parsed.bf16 == plugin.endswith("-bf16")
+
+
+def test_an_unknown_plugin_is_refused() -> None:
+    with pytest.raises(ValueError, match="no plugin 'zero4'"):
+        ds.parse_plugin("zero4")
+
+
+def test_the_config_of_a_clipped_stage_3_cell() -> None:
+    c = cell("plugin=zero3,init=eager,checkpoint=none,freeze=embedding,clip=clip")
+    config = ds.ds_config(c, ds.parse_plugin("zero3"), 2)
+    assert config["zero_optimization"] == {"stage": 3, "stage3_param_persistence_threshold": 0}
+    assert config["gradient_clipping"] == c.hyper.max_norm > 0
+    assert config["train_batch_size"] == 2 * config["train_micro_batch_size_per_gpu"]
+    assert "optimizer" not in config and config["zero_allow_untested_optimizer"] is True
+
+
+def test_offloading_a_client_optimizer_asks_deepspeed_not_to_swap_it() -> None:
+    c = cell("plugin=zero2-offload,init=eager,checkpoint=none,freeze=embedding,clip=no-clip")
+    config = ds.ds_config(c, ds.parse_plugin("zero2-offload"), 2)
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert config["zero_force_ds_cpu_optimizer"] is False
+    assert config["gradient_clipping"] == 0.0  # no-clip: the engine's clipping path is not taken
+
+
+def test_the_optimizer_from_the_config_carries_the_cells_hyperparameters() -> None:
+    c = cell("plugin=zero1-config-optim,init=eager,checkpoint=none,freeze=embedding,clip=clip")
+    params = ds.ds_config(c, ds.parse_plugin("zero1-config-optim"), 2)["optimizer"]["params"]
+    h = c.hyper
+    assert params == {"lr": h.lr, "betas": list(h.betas), "eps": h.eps, "weight_decay": h.weight_decay}
+
+
+def test_bf16_plugins_run_bf16_cells_against_the_mixed_reference() -> None:
+    c = cell("plugin=zero3-bf16,init=eager,checkpoint=none,freeze=lora,clip=clip")
+    assert c.precision == "bf16"
+    assert ds.ds_config(c, ds.parse_plugin("zero3-bf16"), 2)["bf16"] == {"enabled": True}
+    fp32 = cell("plugin=zero3,init=eager,checkpoint=none,freeze=lora,clip=clip")
+    with pytest.raises(ValueError, match="needs precision bf16"):
+        ds.ds_config(fp32, ds.parse_plugin("zero3-bf16"), 2)
+
+
+def test_zero_init_cells_save_without_frozen_params() -> None:
+    assert cell("plugin=zero3,init=zero-init,checkpoint=none,freeze=lora,clip=clip").options == {
+        ds.EXCLUDE_FROZEN: True}
+
+
+def test_the_ops_are_built_in_the_environment_and_found_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    ops.use_environment_cache()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(Path(sys.prefix) / ops.CACHE_NAME)
+    assert ops.missing() == []  # built when the environment was made: a cell never compiles
+
+
+def test_a_missing_op_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert ops.missing() == list(ops.OPS)
+
+
+def test_moments_are_found_in_either_zero_layout() -> None:
+    moment = {"exp_avg": torch.ones(3), "exp_avg_sq": torch.ones(3)}
+    assert ds._holds_moments({"base_optimizer_state": [moment]})  # stages 1-2
+    assert ds._holds_moments({"optimizer_state_dict": {"state": {0: moment}}})  # stage 3
+    assert not ds._holds_moments({"optimizer_state_dict": {"state": {}}})
+    assert not ds._holds_moments({"state": {0: {"exp_avg": torch.empty(0)}}})
+
+
+@pytest.mark.parametrize(("plugin", "reads"), [("zero0", "param.grad itself"), ("zero2", "_hp_mapping"),
+                                               ("zero3", "get_fp32_grad_for_param")])
+def test_the_grad_access_says_where_each_stage_keeps_grads(plugin: str, reads: str) -> None:
+    assert reads in ds.grad_access(ds.parse_plugin(plugin))
