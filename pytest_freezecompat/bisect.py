@@ -1,11 +1,12 @@
 """`freezecompat bisect`: the first release of a framework where selected cells change status.
 
 Lists the releases between a good and a bad one from the package index (pip's own configuration), builds an
-environment per probed release with the framework file's `[releases] install` rule (cached: a declared
-release reuses its `.nox/<environment>`, any other lands in `.nox/<framework>@<release>`), runs the selected
-cells there as `pytest --freeze-matrix --freeze-matrix-environment=<framework>@<release>`, and halves the range
-as `git bisect` does. A release that cannot be built, or whose framework does not import, is skipped with its
-reason, as `git bisect skip` is; so is one whose statuses match neither end.
+environment per probed release with the framework file's `[releases] install` rule and the adapter's
+`environment_setup` where it ships one, as nox builds the declared releases (cached: a declared release reuses
+its `.nox/<environment>`, any other lands in `.nox/<framework>@<release>`), runs the selected cells there as
+`pytest --freeze-matrix --freeze-matrix-environment=<framework>@<release>`, and halves the range as `git bisect`
+does. A release that cannot be built, or whose framework does not import, is skipped with its reason, as
+`git bisect skip` is; so is one whose statuses match neither end.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from .core.cell import CellKey
 from .core.names import RELEASE_SEPARATOR
+from .spec.environments import setup_modules
 from .spec.matrix import Framework, Spec
 
 #: One probe's cells, on a 2-core machine: a pool start plus a few cells; a hung probe is cut off here.
@@ -115,14 +117,16 @@ class Runner:
             return self.envs / declared.environment / "bin" / "python", ""
         location = self.envs / f"{self.framework.name}{RELEASE_SEPARATOR}{release}"
         pins = [line.replace("{release}", release) for line in self.framework.any_release]
+        setup = setup_modules([self.framework.adapter])  # as nox builds the declared releases (ops, caches)
         stamp = location / "freezecompat-pins.json"
-        wanted = json.dumps({"python": sys.version, "pins": pins})
+        wanted = json.dumps({"python": sys.version, "pins": pins, **({"setup": setup} if setup else {})})
         python = location / "bin" / "python"
         if stamp.is_file() and stamp.read_text() == wanted and python.exists():
             return python, ""
         steps = [[sys.executable, "-m", "venv", "--clear", str(location)],
                  *([str(python), "-m", "pip", "install", "-q", *line.split()] for line in pins),
-                 [str(python), "-m", "pip", "install", "-q", "-e", f"{self.root}[torch,test]"]]
+                 [str(python), "-m", "pip", "install", "-q", "-e", f"{self.root}[torch,test]"],
+                 *([str(python), "-m", module] for module in setup)]
         for step in steps:
             try:
                 done = subprocess.run(step, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)

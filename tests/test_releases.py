@@ -1,5 +1,7 @@
 """Releases as an axis: which release a run plans, rules by version range, the change across releases, bisection."""
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,24 @@ def test_a_bisection_probes_both_ends_then_the_middle(matrix, monkeypatch, tmp_p
     with pytest.raises(bisect.BisectError, match="not a final release"):
         bisect.bisect(matrix, "alpha", "", good="0.99.0", bad="0.23.5", root=tmp_path, envs=tmp_path,
                       listing=listing, report=lambda line: None)
+
+
+def test_a_release_environment_runs_the_adapters_setup_after_its_install(monkeypatch, tmp_path):
+    """DeepSpeed's ops are built when its environment is made: a bisection's environments get them too."""
+    matrix = spec.load()
+    steps: list[list[str]] = []
+
+    def run(step, **kwargs):
+        steps.append(step)
+        if step[1:3] == ["-m", "venv"]:
+            (tmp_path / "deepspeed@0.19.5" / "bin").mkdir(parents=True)
+        return subprocess.CompletedProcess(step, 0, "", "")
+
+    monkeypatch.setattr(bisect.subprocess, "run", run)
+    runner = bisect.Runner(matrix, matrix.frameworks["deepspeed"], "freeze=none", Path.cwd(), tmp_path)
+    python, why = runner.environment("0.19.5")
+    setup = "pytest_freezecompat.adapters.deepspeed.environment_setup"
+    assert why == "" and python == tmp_path / "deepspeed@0.19.5" / "bin" / "python"
+    assert ["deepspeed==0.19.5"] in [step[-1:] for step in steps] and steps[-1] == [str(python), "-m", setup]
+    stamp = json.loads((tmp_path / "deepspeed@0.19.5" / "freezecompat-pins.json").read_text())
+    assert stamp["setup"] == [setup]
