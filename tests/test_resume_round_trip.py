@@ -8,32 +8,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import slices
+from slices import TIMEOUT_S
 
 from pytest_freezecompat.adapters.loop import FOLDER_PREFIX
 from pytest_freezecompat.controller.pool import RankPool
 from pytest_freezecompat.core.cell import Cell
-from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec import plan
 from pytest_freezecompat.verdict import checks
 
 ADAPTER = "pytest_freezecompat.adapters.torch_native.adapter"
-TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    ranks = RankPool(2, [ADAPTER])
-    try:
-        yield ranks
-    finally:
-        ranks.shutdown()
+    yield from slices.rank_pool(ADAPTER)
 
 
 def cell(plugin: str, freeze: str) -> Cell:
-    matrix = spec.load()
-    select = f"framework=torch,model=tiny-gpt,plugin={plugin},init=eager,checkpoint=none,freeze={freeze},clip=clip"
-    (found,) = plan.plan(matrix, plan.Selection.parse(select, matrix), world_size=2, device="cpu")
-    return found
+    return slices.matrix_cell("torch", model="tiny-gpt", plugin=plugin, init="eager", checkpoint="none",
+                              freeze=freeze, clip="clip")
 
 
 def folders() -> set[Path]:

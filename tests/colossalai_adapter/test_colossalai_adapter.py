@@ -17,6 +17,7 @@ import torch
 # (tests/colossalai) imports as a namespace package named colossalai where the real one is missing.
 pytest.importorskip("colossalai.booster")
 
+import slices
 import torch.distributed as dist
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchFSDPPlugin
@@ -282,11 +283,7 @@ def test_the_declaration_and_the_implementation_name_the_same_plugins() -> None:
 @pytest.fixture
 def rank_pool() -> Iterator[pool.RankPool]:
     """A 2-rank warm pool."""
-    ranks = pool.RankPool(world_size=2, preload=[ADAPTER_MODULE])
-    try:
-        yield ranks
-    finally:
-        ranks.shutdown()  # ranks and their folder
+    yield from slices.rank_pool(ADAPTER_MODULE)
 
 
 @CPU_ONLY

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -14,11 +13,11 @@ import torch
 # "colossalai.booster", not "colossalai": see test_colossalai_adapter.py (prepend import mode).
 pytest.importorskip("colossalai.booster")
 
+import slices
+
 from pytest_freezecompat.adapters.colossalai import DECLARATION
 from pytest_freezecompat.controller import pool
-from pytest_freezecompat.spec.matrix import load
-from pytest_freezecompat.spec.plan import Selection, plan
-from pytest_freezecompat.verdict import checks
+from pytest_freezecompat.core.cell import Cell
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the cells' plan (emulation) is the CPU one")
 PLUGINS = {"torch-ddp": "shard=False", "low-level-zero-1": "shard=True"}
@@ -29,28 +28,20 @@ BROKEN = "blocks.1.fc1.weight"
 
 @pytest.fixture(scope="module")
 def rank_pool() -> Iterator[pool.RankPool]:
-    ranks = pool.RankPool(world_size=2, preload=[DECLARATION.implementation_module])
-    try:
-        yield ranks
-    finally:
-        ranks.shutdown()
+    yield from slices.rank_pool(DECLARATION.implementation_module)
 
 
-def _cells() -> dict[str, Any]:
-    spec = load()
-    select = ("framework=colossalai," + ",".join(f"plugin={p}" for p in PLUGINS)
-              + ",init=eager,checkpoint=none,freeze=embedding,clip=clip")
-    return {c.key.plugin: c for c in plan(spec, Selection.parse(select, spec), world_size=2, device="cpu")}
+def _cell(plugin: str) -> Cell:
+    return slices.matrix_cell("colossalai", plugin=plugin, init="eager", checkpoint="none", freeze="embedding",
+                              clip="clip")
 
 
 @CPU_ONLY
 @pytest.mark.parametrize("plugin", list(PLUGINS))
 def test_round_trip_through_the_booster_passes(rank_pool: pool.RankPool, plugin: str) -> None:
-    cell = _cells()[plugin]
-    run = rank_pool.run(cell, timeout_s=120)
-    verdict = checks.judge(run, cell, 120)
+    verdict, ranks = slices.judged(rank_pool, _cell(plugin))
     assert verdict.status == "pass", verdict.message
-    resume = run.ranks[0].record.resume
+    resume = ranks[0].record.resume
     assert resume is not None and resume.error is None
     assert "booster.save_model" in resume.api and "booster.load_optimizer" in resume.api
     assert PLUGINS[plugin] in resume.api
@@ -63,9 +54,7 @@ def test_round_trip_through_the_booster_passes(rank_pool: pool.RankPool, plugin:
 @CPU_ONLY
 @pytest.mark.parametrize("plugin", list(PLUGINS))
 def test_a_load_that_leaves_a_param_behind_fails_the_resume_check(rank_pool: pool.RankPool, plugin: str) -> None:
-    cell = dataclasses.replace(_cells()[plugin], break_load=BROKEN)
-    run = rank_pool.run(cell, timeout_s=120)
-    verdict = checks.judge(run, cell, 120)
+    verdict, _ = slices.judged(rank_pool, dataclasses.replace(_cell(plugin), break_load=BROKEN))
     assert verdict.status == "fail", verdict.message
     resume = [f for f in verdict.failures if f.check == "resume"]
     assert resume and BROKEN in resume[0].message, verdict.message

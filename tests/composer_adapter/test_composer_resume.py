@@ -15,18 +15,16 @@ import pytest
 pytest.importorskip("composer.core")  # a module of the real package, not a namespace folder
 
 import composer
+import slices
 from packaging.version import Version
 
 from pytest_freezecompat.adapters.composer import DECLARATION, compat
 from pytest_freezecompat.controller.pool import RankPool
 from pytest_freezecompat.core.cell import Cell
 from pytest_freezecompat.core.records import RankRecord
-from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec import plan
 from pytest_freezecompat.verdict import checks
 
 ADAPTER = DECLARATION.implementation_module
-TIMEOUT_S = 120.0
 #: Before 0.24 Composer's FSDP path re-created the optimizer over every param (C7): those cells fail `optimizer`.
 RECREATES_OPTIMIZER = Version(composer.__version__) < Version("0.24")
 needs_fsdp2 = pytest.mark.skipif(compat.fsdp2_config_class() is None,
@@ -39,23 +37,16 @@ LOAD_DECAYS_PARAMS = compat.optimizer_load_decays_params()
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    ranks = RankPool(2, [ADAPTER])
-    try:
-        yield ranks
-    finally:
-        ranks.shutdown()
+    yield from slices.rank_pool(ADAPTER)
 
 
 def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none") -> Cell:
-    matrix = spec.load()
-    select = f"framework=composer,plugin={plugin},init={init},checkpoint={checkpoint},freeze={freeze},clip=clip"
-    (found,) = plan.plan(matrix, plan.Selection.parse(select, matrix), world_size=2, device="cpu")
-    return found
+    return slices.matrix_cell("composer", plugin=plugin, init=init, checkpoint=checkpoint, freeze=freeze, clip="clip")
 
 
 def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list[RankRecord]]:
-    result = pool.run(c, TIMEOUT_S)
-    return checks.judge(result, c, TIMEOUT_S), [r.record for r in result.ranks]
+    verdict, ranks = slices.judged(pool, c)
+    return verdict, [r.record for r in ranks]
 
 
 def resume_message(verdict: checks.Verdict) -> str:

@@ -9,39 +9,30 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
+import slices
+from slices import TIMEOUT_S
+
 from pytest_freezecompat.adapters.deepspeed import DECLARATION
 from pytest_freezecompat.controller.pool import RankPool
 from pytest_freezecompat.core.cell import Cell
 from pytest_freezecompat.core.records import Outcome
-from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec import plan
 from pytest_freezecompat.verdict import checks
 
 ADAPTER = DECLARATION.implementation_module
 PROBE = "deepspeed_probe"
-TIMEOUT_S = 120.0
 EMBEDDING = {"tok_emb.weight", "pos_emb.weight"}
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    ranks = RankPool(2, [ADAPTER, PROBE])
-    try:
-        yield ranks
-    finally:
-        ranks.shutdown()
+    yield from slices.rank_pool(ADAPTER, PROBE)
 
 
 def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none", clip: str = "clip") -> Cell:
-    matrix = spec.load()
-    select = f"framework=deepspeed,plugin={plugin},init={init},checkpoint={checkpoint},freeze={freeze},clip={clip}"
-    (found,) = plan.plan(matrix, plan.Selection.parse(select, matrix), world_size=2, device="cpu")
-    return found
+    return slices.matrix_cell("deepspeed", plugin=plugin, init=init, checkpoint=checkpoint, freeze=freeze, clip=clip)
 
 
-def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list]:
-    result = pool.run(c, TIMEOUT_S)
-    return checks.judge(result, c, TIMEOUT_S), result.ranks
+run = slices.judged
 
 
 @pytest.mark.parametrize(("plugin", "init"), [("zero0", "eager"), ("zero1", "eager"), ("zero2", "eager"),

@@ -11,17 +11,14 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import megatron.core
+import slices
 from packaging.version import Version
 
 from pytest_freezecompat.adapters.megatron import DECLARATION, compat
 from pytest_freezecompat.controller.pool import RankPool
 from pytest_freezecompat.core.cell import Cell
-from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec import plan
-from pytest_freezecompat.verdict import checks
 
 ADAPTER = DECLARATION.implementation_module
-TIMEOUT_S = 120.0
 MCORE = Version(megatron.core.__version__)
 #: megatron-core's torch_dist writer needs psutil, which megatron-core does not declare: 0.8 refuses to pick
 #: the strategy, 0.16 would hang in its forked writer (the adapter refuses before the save instead).
@@ -35,23 +32,14 @@ needs_a_save = pytest.mark.skipif(not (HAS_PSUTIL and SAVES_ON_THIS_TORCH),
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    ranks = RankPool(2, [ADAPTER])
-    try:
-        yield ranks
-    finally:
-        ranks.shutdown()
+    yield from slices.rank_pool(ADAPTER)
 
 
 def cell(plugin: str, freeze: str) -> Cell:
-    matrix = spec.load()
-    select = f"framework=megatron,plugin={plugin},init=eager,checkpoint=none,freeze={freeze},clip=clip"
-    (found,) = plan.plan(matrix, plan.Selection.parse(select, matrix), world_size=2, device="cpu")
-    return found
+    return slices.matrix_cell("megatron", plugin=plugin, init="eager", checkpoint="none", freeze=freeze, clip="clip")
 
 
-def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list]:
-    result = pool.run(c, TIMEOUT_S)
-    return checks.judge(result, c, TIMEOUT_S), result.ranks
+run = slices.judged
 
 
 @needs_a_save

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 import megatron.core
+import slices
 from packaging.version import Version
 
 from pytest_freezecompat.adapters.megatron import DECLARATION
@@ -17,13 +18,10 @@ from pytest_freezecompat.adapters.megatron.emulation import FUSED_ADAM
 from pytest_freezecompat.controller.pool import RankPool
 from pytest_freezecompat.core.cell import Cell
 from pytest_freezecompat.core.freeze import FreezePattern
-from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec import plan
 from pytest_freezecompat.verdict import checks
 
 ADAPTER = DECLARATION.implementation_module
 PROBE = "megatron_shard_probe"
-TIMEOUT_S = 120.0
 #: Before 0.11, get_megatron_optimizer builds its Adam over an empty list on a pipeline stage with nothing
 #: to train and torch refuses it (Megatron-LM#1166, fixed by commit 1468ab01): the stack's error, not ours.
 EMPTY_STAGE_OPTIMIZER = Version(megatron.core.__version__) >= Version("0.11")
@@ -33,18 +31,11 @@ DISTOPT_WANTS_FUSED_ADAM = Version(megatron.core.__version__) < Version("0.10")
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    ranks = RankPool(2, [ADAPTER, PROBE])
-    try:
-        yield ranks
-    finally:
-        ranks.shutdown()  # ranks and their folder
+    yield from slices.rank_pool(ADAPTER, PROBE)
 
 
 def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none") -> Cell:
-    matrix = spec.load()
-    select = f"framework=megatron,plugin={plugin},init={init},checkpoint={checkpoint},freeze={freeze},clip=clip"
-    (found,) = plan.plan(matrix, plan.Selection.parse(select, matrix), world_size=2, device="cpu")
-    return found
+    return slices.matrix_cell("megatron", plugin=plugin, init=init, checkpoint=checkpoint, freeze=freeze, clip="clip")
 
 
 def assert_trains(verdict: checks.Verdict) -> None:
@@ -54,9 +45,7 @@ def assert_trains(verdict: checks.Verdict) -> None:
     assert verdict.status in ("pass", "fail") and not training, verdict.message
 
 
-def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list]:
-    result = pool.run(c, TIMEOUT_S)
-    return checks.judge(result, c, TIMEOUT_S), result.ranks
+run = slices.judged
 
 
 @pytest.mark.parametrize(("plugin", "freeze", "init"), [
