@@ -5,16 +5,20 @@ DeepSpeed compiles its ops on first use (torch's JIT `cpp_extension.load`): the 
 CPU Adam for optimizer offload (~5 min). A cell must never pay that, so the environment builds them when it is
 made (`python -m pytest_freezecompat.adapters.deepspeed.environment_setup`, run by nox right after the install)
 into `<env>/torch_extensions`, and every DeepSpeed process of that environment points `TORCH_EXTENSIONS_DIR`
-there before DeepSpeed is imported (`use_environment_cache`). Only the standard library is imported here.
+there before DeepSpeed is imported (`use_environment_cache`). DeepSpeed is imported only inside the functions.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-#: The op builders the matrix's cells load on a CPU accelerator (DeepSpeed's CPU builder classes).
+#: The op builders the matrix's cells load: the shared-memory comm op (`init_distributed` on a CPU accelerator),
+#: FusedAdam (an optimizer from the config), CPU Adam (optimizer offload). Each accelerator has its own builder
+#: class under these names; one it lacks (a CUDA accelerator has no shared-memory comm op) is not needed there.
 OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder")
 #: Where the built ops live: inside the environment, so they are cached with it and dropped with it.
 CACHE_NAME = "torch_extensions"
@@ -29,24 +33,34 @@ def use_environment_cache() -> None:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
 
 
+@functools.cache
+def _builders() -> dict[str, Any]:
+    """This process's accelerator's builders of `OPS` that exist and can build here (DeepSpeed's own test; once
+    per process: a CUDA builder's test asks nvcc)."""
+    from deepspeed.accelerator import get_accelerator
+
+    found = {name: get_accelerator().create_op_builder(name) for name in OPS}
+    return {name: builder for name, builder in found.items() if builder is not None and builder.is_compatible()}
+
+
 def load_all(verbose: bool = False) -> dict[str, float]:
-    """Load (building where not cached) every op of `OPS`; seconds per op."""
+    """Load (building where not cached) every op this accelerator needs; seconds per op."""
     import time
 
     use_environment_cache()
-    from deepspeed.accelerator import get_accelerator
-
     seconds = {}
-    for name in OPS:
+    for name, builder in _builders().items():
         started = time.perf_counter()
-        get_accelerator().create_op_builder(name).load(verbose=verbose)
+        builder.load(verbose=verbose)
         seconds[name] = round(time.perf_counter() - started, 1)
     return seconds
 
 
 def missing() -> list[str]:
-    """The ops with no build in the environment's cache (a cell would compile them: refuse instead)."""
+    """The ops this accelerator needs that are neither installed prebuilt nor built in the environment's cache (a
+    cell would compile them: refuse instead)."""
+    from deepspeed.git_version_info import installed_ops
+
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", extensions_dir()))
-    names = {"ShareMemCommBuilder": "deepspeed_shm_comm", "FusedAdamBuilder": "fused_adam",
-             "CPUAdamBuilder": "cpu_adam"}
-    return [op for op, lib in names.items() if not any(root.glob(f"**/{lib}*.so"))]
+    return [name for name, builder in _builders().items()
+            if not installed_ops.get(builder.NAME) and not any(root.glob(f"**/{builder.NAME}*.so"))]
