@@ -9,37 +9,16 @@ import pytest
 
 pytest.importorskip("composer.core")  # a module of the real package, not a namespace folder
 
-import composer
 import slices
-from packaging.version import Version
+from composer_cells import ADAPTER, LOAD_DECAYS_PARAMS, RECREATES_OPTIMIZER, cell, needs_fsdp2, run
 
-from pytest_freezecompat.adapters.composer import DECLARATION, compat
 from pytest_freezecompat.controller.pool import RankPool
-from pytest_freezecompat.core.cell import Cell
-from pytest_freezecompat.core.records import RankRecord
 from pytest_freezecompat.verdict import checks
-
-ADAPTER = DECLARATION.implementation_module
-#: Before 0.24 Composer's FSDP path re-created the optimizer over every param (C7, composer-fsdp-optimizer-recreated).
-RECREATES_OPTIMIZER = Version(composer.__version__) < Version("0.24")
-#: torch 2.3 (Composer 0.23's pin): every resume with AdamW decays the trainable params once (compat's line).
-LOAD_DECAYS_PARAMS = compat.optimizer_load_decays_params()
-needs_fsdp2 = pytest.mark.skipif(compat.fsdp2_config_class() is None,
-                                 reason=f"Composer {compat.composer_version()} has no FSDP2 (from {compat.FSDP2_FROM})")
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
     yield from slices.rank_pool(ADAPTER)
-
-
-def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none") -> Cell:
-    return slices.matrix_cell("composer", plugin=plugin, init=init, checkpoint=checkpoint, freeze=freeze, clip="clip")
-
-
-def run(pool: RankPool, c: Cell) -> tuple[checks.Verdict, list[RankRecord]]:
-    verdict, ranks = slices.judged(pool, c)
-    return verdict, [r.record for r in ranks]
 
 
 def assert_passes(verdict: checks.Verdict) -> None:
