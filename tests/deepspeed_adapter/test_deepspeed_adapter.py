@@ -12,18 +12,15 @@ import pytest
 pytest.importorskip("deepspeed")
 
 import torch
+from slices import matrix_cell
 
 from pytest_freezecompat.adapters.deepspeed import DECLARATION, ops
 from pytest_freezecompat.adapters.deepspeed import adapter as ds
-from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec import plan
+from pytest_freezecompat.core.cell import Cell
 
 
-def cell(select: str):
-    matrix = spec.load()
-    (found,) = plan.plan(matrix, plan.Selection.parse(f"framework=deepspeed,{select}", matrix), world_size=2,
-                         device="cpu")
-    return found
+def cell(plugin: str, freeze: str, init: str = "eager", clip: str = "clip") -> Cell:
+    return matrix_cell("deepspeed", plugin=plugin, init=init, checkpoint="none", freeze=freeze, clip=clip)
 
 
 @pytest.mark.parametrize("plugin", DECLARATION.plugins)
@@ -40,7 +37,7 @@ def test_an_unknown_plugin_is_refused() -> None:
 
 
 def test_the_config_of_a_clipped_stage_3_cell() -> None:
-    c = cell("plugin=zero3,init=eager,checkpoint=none,freeze=embedding,clip=clip")
+    c = cell("zero3", "embedding")
     config = ds.ds_config(c, ds.parse_plugin("zero3"), 2)
     assert config["zero_optimization"] == {"stage": 3, "stage3_param_persistence_threshold": 0}
     assert config["gradient_clipping"] == c.hyper.max_norm > 0
@@ -49,7 +46,7 @@ def test_the_config_of_a_clipped_stage_3_cell() -> None:
 
 
 def test_offloading_a_client_optimizer_asks_deepspeed_not_to_swap_it() -> None:
-    c = cell("plugin=zero2-offload,init=eager,checkpoint=none,freeze=embedding,clip=no-clip")
+    c = cell("zero2-offload", "embedding", clip="no-clip")
     config = ds.ds_config(c, ds.parse_plugin("zero2-offload"), 2)
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert config["zero_force_ds_cpu_optimizer"] is False
@@ -57,23 +54,23 @@ def test_offloading_a_client_optimizer_asks_deepspeed_not_to_swap_it() -> None:
 
 
 def test_the_optimizer_from_the_config_carries_the_cells_hyperparameters() -> None:
-    c = cell("plugin=zero1-config-optim,init=eager,checkpoint=none,freeze=embedding,clip=clip")
+    c = cell("zero1-config-optim", "embedding")
     params = ds.ds_config(c, ds.parse_plugin("zero1-config-optim"), 2)["optimizer"]["params"]
     h = c.hyper
     assert params == {"lr": h.lr, "betas": list(h.betas), "eps": h.eps, "weight_decay": h.weight_decay}
 
 
 def test_bf16_plugins_run_bf16_cells_against_the_mixed_reference() -> None:
-    c = cell("plugin=zero3-bf16,init=eager,checkpoint=none,freeze=lora,clip=clip")
+    c = cell("zero3-bf16", "lora")
     assert c.precision == "bf16"
     assert ds.ds_config(c, ds.parse_plugin("zero3-bf16"), 2)["bf16"] == {"enabled": True}
-    fp32 = cell("plugin=zero3,init=eager,checkpoint=none,freeze=lora,clip=clip")
+    fp32 = cell("zero3", "lora")
     with pytest.raises(ValueError, match="needs precision bf16"):
         ds.ds_config(fp32, ds.parse_plugin("zero3-bf16"), 2)
 
 
 def test_zero_init_cells_save_without_frozen_params() -> None:
-    assert cell("plugin=zero3,init=zero-init,checkpoint=none,freeze=lora,clip=clip").options == {
+    assert cell("zero3", "lora", init="zero-init").options == {
         ds.EXCLUDE_FROZEN: True}
 
 
