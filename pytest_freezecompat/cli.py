@@ -4,6 +4,8 @@
   freezecompat diff OLD.json NEW.json                        cells whose status changed; exit 1 on a regression
   freezecompat bisect --framework FW --select AXIS=V,... --good R --bad R
                                                              the first release where those cells change status
+  freezecompat advise --framework FW --plugin P --freeze PATTERN [--release R] ...
+                                                             is this setup safe, why not, and what to do instead
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from .report import diff, schema, write
 from .report.merge import merge
 from .spec import known_issues
-from .verdict import cause
+from .verdict import classify
 
 #: Exit codes: 0 fine, 1 `diff` found a regression, 2 a file or argument we cannot use.
 REGRESSION_EXIT = 1
@@ -50,7 +52,7 @@ def _merge(args: argparse.Namespace) -> int:
             report["bisections"] = json.loads(Path(args.bisections).read_text())
         except (OSError, ValueError) as exc:
             raise schema.ReportError(f"{args.bisections}: cannot read the bisections ({exc})") from None
-    cause.assign(report["cells"])  # controls may sit in another shard
+    classify(report["cells"])  # controls may sit in another shard
     try:
         write.write(output, report)
     except OSError as exc:
@@ -104,6 +106,41 @@ def _bisect(args: argparse.Namespace) -> int:
     return 0 if found.first_changed else 1
 
 
+def _advise(args: argparse.Namespace) -> int:
+    from .advice import nearest
+
+    report = schema.load(args.report)
+    try:
+        cells = nearest.select(report["cells"], {axis: getattr(args, axis) for axis in nearest.SETUP_AXES})
+    except nearest.NotInReport as exc:
+        raise schema.ReportError(f"{args.report}: {exc}") from None
+    for cell in cells:
+        severity = nearest.severity(cell)
+        print(f"{cell['id']}: {severity} ({cell['status']})")
+        if cell["message"].strip():  # its first failing step (steps are joined by " | "), cut to a terminal line
+            why = cell["message"].strip().splitlines()[0].split(" | ")[0]
+            print(f"  why      {why if len(why) <= 160 else why[:156] + ' ...'}")
+        known = cell.get("known_issue") or {}
+        if known.get("expected"):
+            kind = "finding" if known.get("kind") == "finding" else "upstream"
+            pointer = (known.get("links") or [known.get("link") or known.get("reproducer")])[0]
+            fixed = ", ".join(f"{framework} {release}" for framework, release in (known.get("fixed_in") or {}).items())
+            print(f"  known    {known['id']} ({kind})" + (f" {pointer}" if pointer else "")
+                  + (f"; fixed in {fixed}" if fixed else ""))
+        elif severity in nearest.RED:
+            print("  known    no known issue or finding explains it")
+        if severity in nearest.SAFE:
+            continue
+        alternatives = nearest.nearest_safe(cell, report["cells"])
+        for index, found in enumerate(alternatives):
+            change = ", ".join(f"{axis} {old or '-'} -> {new}" for axis, old, new in found.changes)
+            print(f"  {'instead' if index == 0 else '':8} {change}: {found.cell} ({found.severity})")
+        if not alternatives:
+            print(f"  instead  no safe setup of {cell['model']} with {cell['freeze']} frozen on {cell['framework']} "
+                  "in this report")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freezecompat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +173,17 @@ def main(argv: list[str] | None = None) -> int:
     bisect_cmd.add_argument("--record", default=None, metavar="FILE",
                             help="add the result to this JSON list (reports/bisections.json: the reports show it)")
     bisect_cmd.set_defaults(func=_bisect)
+    advise_cmd = commands.add_parser("advise", help="one setup's verdict in a report, why, and the nearest safe setups")
+    advise_cmd.add_argument("--framework", required=True)
+    advise_cmd.add_argument("--plugin", required=True)
+    advise_cmd.add_argument("--freeze", required=True, metavar="PATTERN")
+    advise_cmd.add_argument("--release", help="the framework's release (default: the report's newest)")
+    advise_cmd.add_argument("--checkpoint", default="none", help="activation checkpointing (default: none)")
+    advise_cmd.add_argument("--init", default="eager", help="(default: eager)")
+    advise_cmd.add_argument("--clip", default="clip", help="clip or no-clip (default: clip)")
+    advise_cmd.add_argument("--model", help="(default: the one model the report has for the framework)")
+    advise_cmd.add_argument("--report", default="reports/matrix.json", help="(default: reports/matrix.json)")
+    advise_cmd.set_defaults(func=_advise)
     args = parser.parse_args(argv)
     from .bisect import BisectError
 

@@ -18,7 +18,7 @@ import pytest
 
 from . import options as settings
 from .core.cell import Cell
-from .core.names import clip
+from .core.names import SEVERITIES, clip
 from .core.records import STATUSES, display_status
 
 if TYPE_CHECKING:
@@ -125,7 +125,8 @@ class MatrixItem(pytest.Item):
     def _keep(self, record: dict[str, Any]) -> None:
         """The record rides on the report (`RECORD_ATTRIBUTE`); junitxml sees a few scalars a dashboard can use."""
         self.record = record
-        values = {"status": record["status"], "check": record.get("check"), "cause": record.get("cause"),
+        values = {"severity": record.get("severity"), "status": record["status"], "check": record.get("check"),
+                  "cause": record.get("cause"), "convention": record.get("convention"),
                   "known_issue": (record.get("known_issue") or {}).get("id"), "repro": record["repro"],
                   "emulation": bool(record.get("emulation"))}
         self.user_properties.extend((name, value) for name, value in values.items() if value is not None)
@@ -143,7 +144,8 @@ class MatrixItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, CellFailure):
             record = excinfo.value.args[0]
-            lines = [f"{record['status'].upper()}" + (f" [{record['check']}]" if record.get("check") else "")
+            lines = [f"{record.get('severity', '?').upper()} ({record['status']})"
+                     + (f" [{record['check']}]" if record.get("check") else "")
                      + f": {clip(record['message'], TERMINAL_MESSAGE_CHARS)}"]
             # Every other failed check too: a cell can fail the optimizer set *and* move a frozen param.
             lines += [f"also [{failure['check']}]: {clip(failure.get('message', ''), TERMINAL_MESSAGE_CHARS)}"
@@ -333,6 +335,9 @@ class MatrixSession:
                 markup = COLUMN_MARKUP[column] if index and value != "0" else {}
                 terminalreporter.write("  " + value.rjust(width), bold=index == 0, **markup)
             terminalreporter.line("")
+        harm = Counter(record.get("severity") for record in self.run.results.values())
+        terminalreporter.write_line("how bad: " + " · ".join(f"{harm[v]} {v}" for v in SEVERITIES if harm[v]),
+                                    bold=True, red=bool(harm["silent"]))
         for why in self.run.missing_frameworks().values():
             terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework
         if self._report_paths:

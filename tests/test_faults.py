@@ -151,8 +151,8 @@ def test_hang_crash_one_rank_error_and_death_while_leaving_do_not_take_the_run_d
     assert stray and int(stray[1]) == int(stray[2]) + 1
     assert "group_kept" not in cells["ok-after-stray"]
     assert {k: cells["ok-after-stray"][k] for k in verdict} == {k: cells["ok"][k] for k in verdict}
-    assert "TIMEOUT: no result within 30 s" in output
-    assert "CRASH: rank 1 killed by signal SIGSEGV" in output
+    assert "REFUSED (timeout): no result within 30 s" in output
+    assert "REFUSED (crash): rank 1 killed by signal SIGSEGV" in output
     assert not matrix.leftovers()
 
 
@@ -161,7 +161,7 @@ def test_a_recorded_error_outranks_the_timeout_it_led_to(tmp_path):
     matrix, output = run(tmp_path, "--freeze-matrix-select=plugin=raise-on-rank-1", "--freeze-matrix-timeout=2")
     assert matrix.proc.returncode == 1
     assert matrix.statuses() == {"raise-on-rank-1": "error"}
-    assert "ERROR: RuntimeError: deliberate failure on rank 1 (rank 1" in output
+    assert "REFUSED (error): RuntimeError: deliberate failure on rank 1 (rank 1" in output
     assert not matrix.leftovers()
 
 

@@ -192,8 +192,8 @@ def test_each_framework_has_an_anchor_listed_in_the_table_of_contents():
     assert sections == [("framework-a-b-c", "a b/c"), ("framework-colossalai", "colossalai"),
                         ("framework-torch", "torch")]  # report order: no axes recorded
     toc = page[page.index('<nav class="toc"'):page.index("</nav>")]
-    assert re.findall(r'href="#([^"]+)"', toc) == ["summary", *(s for s, _ in sections), "known-issues", "notes",
-                                                   "environments"]
+    assert re.findall(r'href="#([^"]+)"', toc) == ["harm", "summary", *(s for s, _ in sections), "known-issues",
+                                                   "notes", "environments"]
     ids = re.findall(r'(?<=\s)id="([^"]+)"', page)
     assert len(ids) == len(set(ids)) and {"summary", "known-issues", "notes", "environments"} <= set(ids)
 
@@ -405,3 +405,18 @@ def test_the_published_report_in_a_headless_browser(tmp_path, record_property):
             shutil.copyfile(screenshot, Path(os.environ["FREEZECOMPAT_SCREENSHOT"]))
     finally:
         browser.quit()
+
+
+def test_colour_is_the_severity_and_the_registry_a_badge_on_it():
+    cells = [cell(freeze="lora", status="fail", check="update", known_issue={**KNOWN, "expected": True},
+                  failures=[{"check": "update", "params": ["w"], "message": "step 0: param that must stay fixed"}]),
+             cell(plugin="fsdp1", freeze="lora", status="error", message="ValueError: x"),
+             cell(plugin="fsdp2", freeze="lora", status="fail", check="optimizer",
+                  failures=[{"check": "optimizer", "params": ["e"], "message": "optimizer tracks 1 unintended: e"}]),
+             cell(plugin="ddp-find-unused", freeze="lora", differences=["step 0: grad differs: h"])]
+    page = html.render(write.build(ENVS, cells))
+    squares = re.findall(r'<button class="cell ([^"]+)"', page)
+    assert sorted(squares) == ["sev-costly", "sev-differs", "sev-refused", "sev-silent kn"]
+    harm = page[page.index('id="severity-table"'):page.index('<h2 id="summary"')]
+    assert re.search(r'<tr class="total".*?data-k="sev:silent">1<.*?data-k="untied">1<', harm, re.S)
+    assert '<select id="filter-severity" data-axis="severity">' in page

@@ -146,6 +146,10 @@ def test_an_entry_named_by_a_rule_explains_failures_outside_its_selector_but_fla
     ({"fixed_in": {"torch": "2.5"}}, "fixed_in", "torch 2.5 is inside the entry's own range"),
     ({"fixed_in": {"composer": "0.24.0"}}, "fixed_in", "composer: not among the entry's versions"),
     ({"fixed_in": {"torch": "soon"}}, "fixed_in", "'soon' is not a version"),
+    ({"kind": "bug"}, "kind", "must be one of upstream, finding, not 'bug'"),
+    ({"kind": "finding"}, "reproducer", "a finding ships a standalone reproducer"),
+    ({"kind": "finding", "reproducer": "repro.py"}, "reproducer", "must be a path findings/<name>.py"),
+    ({"kind": "finding", "reproducer": "findings/x.py", "links": ["ftp://x"]}, "links", "(or [] for a finding)"),
 ])
 def test_a_malformed_entry_is_one_line_naming_file_entry_and_field(tmp_path, mutation, field, what):
     body = {"id": "x-issue", "summary": "s", "links": ["https://github.com/o/r/issues/1"],
@@ -160,6 +164,22 @@ def test_a_malformed_entry_is_one_line_naming_file_entry_and_field(tmp_path, mut
     message = str(error.value)
     name = body["id"] if isinstance(body.get("id"), str) else "#1"
     assert message.startswith(f"{path}: entry {name}: field {field}: ") and what in message and "\n" not in message
+
+
+def test_a_finding_needs_no_thread_but_ships_a_reproducer_the_report_names(tmp_path):
+    text = ENTRY.replace('id = "gemini-hook"', 'id = "gemini-hook"\nkind = "finding"\nreproducer = "findings/g.py"')
+    text = text.replace('links = ["https://github.com/hpcaitech/ColossalAI/issues/5290"]', "links = []")
+    entry = registry(tmp_path, text).get("gemini-hook")
+    assert (entry.kind, entry.reproducer, entry.links) == ("finding", "findings/g.py", ())
+    described = entry.describe()
+    assert described["kind"] == "finding" and described["reproducer"] == "findings/g.py" and "link" not in described
+
+
+def test_every_shipped_finding_has_its_reproducer_and_states_where_in_the_source():
+    for entry in known_issues.load(ROOT / "matrix" / "known_issues.toml").entries:
+        if entry.kind == "finding":
+            assert entry.reproducer and (ROOT / entry.reproducer).is_file(), entry.id
+            assert ".py" in entry.summary, f"{entry.id}: a finding's summary names the framework's file"
 
 
 def test_duplicates_bad_toml_and_a_missing_file(tmp_path):

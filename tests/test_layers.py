@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "core": set(),
     "spec": set(),
     "verdict": set(),
-    "report": set(),
+    "report": {"verdict"},  # downstream of the verdict: its pure severity rule, for rows written before the field
     "options": set(),  # the plugin's settings, resolved before anything is collected
     "controller": {"spec", "verdict", "report", "options"},
     "models": set(),
@@ -26,13 +26,15 @@ MAY_IMPORT = {
     "plugin": {"options"},  # the controller and the user API only inside functions
     "user": {"spec", "verdict"},
     "cli": {"spec", "report", "verdict"},
+    "advice": {"verdict"},  # over a report's rows: severities, nearest safe setups
     "bisect": {"spec"},  # `freezecompat bisect`: builds environments and runs pytest in them, in subprocesses
     "__init__": set(),
 }
 #: What every adapter may share (the rest of `adapters/` is one package per framework).
 SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize", "saved_files")
 #: Modules that a plain `pytest` run (plugin installed, no matrix) or the report tools import: no torch.
-TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "options", "cli", "bisect", "__init__")
+TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "options", "cli", "bisect", "advice",
+              "__init__")
 
 
 def _layer(path: Path) -> str:

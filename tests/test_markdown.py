@@ -196,3 +196,15 @@ def test_order_follows_the_matrix_files_axes():
     torch = section(md, "### torch grids")
     assert torch.index("**checkpoint `none`**") < torch.index("<details><summary>checkpoint <code>reentrant</code>")
     assert "| freeze | fsdp2 | ddp |\n|---|---|---|\n| none | ✅ | ✅ |\n| lora | ✅ | ✅ |\n| embedding |" in torch
+
+
+def test_the_report_opens_with_how_bad_per_release_silent_first():
+    harm = [{"check": "update", "params": ["w"], "message": "step 0: param that must stay fixed changed: w"}]
+    cells = [cell(freeze="lora", status="fail", failures=harm), cell(freeze="embedding", status="error"),
+             cell(freeze="output", status="fail", failures=harm, known_issue={"id": "x", "expected": True}),
+             cell()]
+    md = markdown.render(write.build({"torch": ENV}, cells))
+    assert md.index("## How bad, per framework release") < md.index("## Summary")
+    table = section(md, "## How bad, per framework release")
+    assert "| framework release | silent | refused | costly | differs | harness | ok | skipped |" in table
+    assert "| torch | 2 | 1 | 0 | 0 | 0 | 1 | 0 | 2 | 4 |" in table  # the known silent cell is still silent

@@ -89,4 +89,7 @@ def test_a_cell_that_fails_several_checks_reports_every_one(run_matrix):
     assert checks[0] == "grads" and "update" in checks, checks
     assert all(f["params"] for f in failed["failures"] if f["check"] in ("grads", "update"))
     assert failed["cause"] == "freeze" and cells["none"]["status"] == "pass"  # the control trains fine
-    result.stdout.fnmatch_lines(["FAIL [[]grads[]]: step 0: no grad on trainable*", "also [[]update[]]: step 0:*"])
+    result.stdout.fnmatch_lines(["SILENT (fail) [[]grads[]]: step 0: no grad on trainable*",
+                                 "also [[]update[]]: step 0:*"])
+    assert failed["severity"] == "silent"
+    result.stdout.fnmatch_lines(["how bad: 2 silent · 2 ok"])

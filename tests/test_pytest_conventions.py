@@ -111,10 +111,12 @@ def test_junitxml_gets_scalar_properties_a_dashboard_can_use(run_matrix, pyteste
     junit = ET.parse(pytester.path / "junit.xml")
     cases = {case.get("name").rsplit("/", 1)[-1]: case for case in junit.iter("testcase")}
     properties = {name: {p.get("name"): p.get("value") for p in case.iter("property")} for name, case in cases.items()}
-    assert properties["unused-branch"]["status"] == "error"
+    assert properties["unused-branch"]["status"] == "error" and properties["unused-branch"]["severity"] == "refused"
     assert properties["unused-branch"]["repro"].startswith("pytest --freeze-matrix --freeze-matrix-select=")
-    assert properties["none"] == {"status": "pass", "repro": properties["none"]["repro"], "emulation": "False"}
-    assert set().union(*properties.values()) <= {"status", "check", "cause", "known_issue", "repro", "emulation"}
+    assert properties["none"] == {"severity": "ok", "status": "pass", "repro": properties["none"]["repro"],
+                                  "emulation": "False"}
+    assert set().union(*properties.values()) <= {"severity", "status", "check", "cause", "convention", "known_issue",
+                                                  "repro", "emulation"}
 
 
 def test_a_wrapped_error_message_ends_at_a_sentence(run_matrix):
@@ -122,7 +124,7 @@ def test_a_wrapped_error_message_ends_at_a_sentence(run_matrix):
     result, report = run_matrix(SMALL, "--freeze-matrix-select=freeze=unused-branch")
     message = report["cells"][0]["message"]
     assert "and by making sure all `forward` function outputs participate in calculating loss." in message
-    failure = next(line for line in result.stdout.lines if line.startswith("ERROR: RuntimeError"))
+    failure = next(line for line in result.stdout.lines if line.startswith("REFUSED (error): RuntimeError"))
     assert not failure.split(" (rank ")[0].endswith(("and by", "and by "))
 
 

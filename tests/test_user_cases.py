@@ -106,7 +106,7 @@ def test_a_loss_that_is_not_a_scalar_blames_the_declaration_in_one_line(pytester
     pytester.makepyfile(test_mine=source)
     result, report = run_user()
     result.assert_outcomes(failed=2, passed=1)  # the cell and its control; the ordinary test passes
-    line = (f"ERROR: FreezeCaseError: freeze_case loss test_mine:bad_loss returned {got}; "
+    line = (f"HARNESS (error): FreezeCaseError: freeze_case loss test_mine:bad_loss returned {got}; "
             "it must return a scalar tensor (rank 0, step 0: forward/backward*")
     result.stdout.fnmatch_lines([line, line])
     assert {(c["status"], c["cause"]) for c in report["cells"]} == {("error", "harness")}  # the user's, not the stack's

@@ -25,7 +25,7 @@ from ..report.directory import Folded, ReportDirectory
 from ..spec import known_issues
 from ..spec.matrix import Spec, default_spec_path
 from ..spec.plan import Selection, UserCase, plan, user_cells, why_not_importable
-from ..verdict import cause, checks
+from ..verdict import checks, classify, severity
 from .pool import PoolError, RankPool
 
 #: Fold the journal into matrix.json/md/html this often during a run (each cell is in the journal at once),
@@ -165,7 +165,7 @@ class MatrixRun:
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3),
                          rendezvous_retries=run.rendezvous_retries or None, phases_s=_phases(run, judge_s),
                          group_kept=all(s.record is not None and s.record.group_kept for s in run.ranks) or None,
-                         **facts)
+                         convention=verdict.convention, differences=verdict.differences, **facts)
         return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:
@@ -175,6 +175,7 @@ class MatrixRun:
         """The row as JSON, tied to the registry entry that explains it (its raw status never changes)."""
         row = record.to_json()
         row["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        row["severity"] = severity.severity_of(row)  # the fold sets it again once `cause` knows the harness
         known_issues.annotate_cell(row, self.environment(record.environment), self.known)
         return row
 
@@ -203,7 +204,7 @@ class MatrixRun:
     def write_report(self, *, final: bool = False) -> Folded | None:
         """Fold this run's cells (and any other run's) into the report directory."""
         started = time.monotonic()
-        folded = self.report.close(cause.assign) if final else self.report.fold(cause.assign)
+        folded = self.report.close(classify) if final else self.report.fold(classify)
         self._last_fold = time.monotonic()
         self._fold_s = self._last_fold - started
         return folded

@@ -26,6 +26,18 @@ USER_AXES = ("model", "freeze")
 ID_SEPARATOR = "/"
 #: The checks a cell's verdict is made of, in the order they are reported.
 CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update", "resume")
+#: Where the optimizer holds a subset of the trainable params, users write the loop in more than one correct way;
+#: the reference runs each and a cell passes if its weights follow one. The canonical loop zeroes through the
+#: optimizer (grads of params outside it accumulate) and clips over every grad; the others zero every model grad,
+#: or clip over the optimizer's params only (then how grads outside it are zeroed reaches no weight).
+CANONICAL_LOOP = "optimizer.zero_grad(), clip over every grad"
+MODEL_ZERO_GRAD_LOOP = "model.zero_grad(), clip over every grad"
+CLIP_OPTIMIZED_LOOP = "clip over the optimizer's params"
+LOOP_CONVENTIONS = (CANONICAL_LOOP, MODEL_ZERO_GRAD_LOOP, CLIP_OPTIMIZED_LOOP)
+#: How bad a cell is for the user who trains that way (`verdict.severity` decides), worst first: every table leads
+#: with them in this order. Red is `silent` or `refused` only.
+SEVERITIES = ("silent", "refused", "costly", "differs", "harness", "ok", "skipped")
+HARMFUL = ("silent", "refused")
 #: The freeze-pattern group that stands for every parameter of a model.
 ALL_GROUP = "all"
 

@@ -122,6 +122,9 @@ class RankRecord:
     #: rank 0, where grads accumulate outside the optimizer: the reference resumed after the save (no grad
     #: survives a checkpoint), so the round trip is judged by what resuming itself changes.
     reference_resumed: list[StepFacts] | None = None
+    #: rank 0, where the optimizer holds a subset of what trains and the cell clips: the reference under each
+    #: other correct form of the loop (`core.names.LOOP_CONVENTIONS`), by its name.
+    reference_conventions: dict[str, list[StepFacts]] | None = None
     init_matches_eager: bool = True
     error: RankError | None = None
     resume: ResumeFacts | None = None
@@ -202,6 +205,13 @@ class CellRecord:
     user_model: bool | None = None
     #: The model-checkpoint API the `resume` check went through (None: no round trip, e.g. a refusal).
     resume_api: str | None = None
+    #: Where the optimizer holds a subset of what trains: the correct loop (`core.names.LOOP_CONVENTIONS`) the
+    #: cell was judged against (the one its weights followed, or the closest).
+    convention: str | None = None
+    #: What differs from the canonical loop without reaching a weight (a pass with these is `differs`).
+    differences: list[str] = field(default_factory=list)
+    #: How bad it is for the user (`verdict.severity`): silent, refused, costly, differs, harness, ok, skipped.
+    severity: str | None = None
 
     @property
     def id(self) -> str:
@@ -212,9 +222,12 @@ class CellRecord:
         data = {**asdict(self), **self.key.as_dict(), "id": self.id}
         del data["key"]
         for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
-                         "rendezvous_retries", "phases_s", "group_kept", "user_model", "resume_api"):
+                         "rendezvous_retries", "phases_s", "group_kept", "user_model", "resume_api", "convention",
+                         "severity"):
             if data[optional] is None:
                 del data[optional]
+        if not data["differences"]:
+            del data["differences"]
         return data
 
 

@@ -19,6 +19,7 @@ from .. import models
 from ..adapters.base import LossOf, apply_freeze
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan
+from ..core.names import CANONICAL_LOOP, CLIP_OPTIMIZED_LOOP, MODEL_ZERO_GRAD_LOOP
 
 Tensors = dict[str, torch.Tensor]
 #: The working dtype of a mixed-precision cell (fp32 cells need no second reference).
@@ -38,7 +39,7 @@ def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
         model: nn.Module, loss_of: LossOf, compute_dtype: torch.dtype | None = None,
-        resumed_after: int | None = None) -> list[ReferenceStep]:
+        resumed_after: int | None = None, convention: str = CANONICAL_LOOP) -> list[ReferenceStep]:
     """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
 
     `model` is bare and single-process, with the same parameter names as the cell's model
@@ -46,6 +47,8 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     `compute_dtype`: run as mixed precision does, with the model in that dtype and fp32 masters.
     `resumed_after`: the process stops after that step and resumes from a model checkpoint: no grad survives
     (grads of params outside the optimizer stop accumulating there).
+    `convention`: how the loop zeroes and clips (`core.names.LOOP_CONVENTIONS`); it matters only where the
+    optimizer holds a subset of the trainable params.
     """
     h = cell.hyper
     with torch.no_grad():
@@ -67,6 +70,8 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
                 param.grad = None
         # The canonical loop zeroes through the optimizer: with an optimizer over a subset,
         # grads of params outside it accumulate (and count in the clip norm), as they do for users.
+        if convention == MODEL_ZERO_GRAD_LOOP:
+            model.zero_grad(set_to_none=True)
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
             if compute_dtype is not None:
@@ -80,8 +85,9 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             for name, master in masters.items():
                 master.grad = None if grads[name] is None else grads[name].clone()
         # Without clipping the norm is still measured (an infinite max norm scales nothing) for the record.
-        norm = float(torch.nn.utils.clip_grad_norm_([p for p in masters.values() if p.grad is not None],
-                                                    h.max_norm if h.clips else math.inf))
+        clipped = [p for n, p in masters.items() if p.grad is not None
+                   and (convention != CLIP_OPTIMIZED_LOOP or n in plan.optimized)]
+        norm = float(torch.nn.utils.clip_grad_norm_(clipped, h.max_norm if h.clips else math.inf))
         if optimizer is not None:
             optimizer.step()
         if compute_dtype is not None:

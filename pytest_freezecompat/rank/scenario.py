@@ -20,7 +20,7 @@ from .. import models
 from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, resolve
-from ..core.names import headline, import_ref, short_paths
+from ..core.names import CANONICAL_LOOP, LOOP_CONVENTIONS, headline, import_ref, short_paths
 from ..core.phases import kind_of
 from ..core.records import INTERPRETER_EXITS, PlanFacts, RankError, RankRecord, ResumeFacts, StepFacts
 from . import reference
@@ -223,6 +223,12 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     if cell.precision in reference.LOW_PRECISION:
         record.reference_mixed = _facts(reference.run(cell, plan, initial, batches, *bare(),
                                                       compute_dtype=reference.LOW_PRECISION[cell.precision]))
+    # The optimizer holds a subset of what trains: the loop's other correct forms give the optimizer's params
+    # other updates only through the clip norm (without clipping, only grads that reach no weight differ).
+    if set(plan.trainable) - set(plan.optimized) and cell.hyper.clips:
+        record.reference_conventions = {
+            convention: _facts(reference.run(cell, plan, initial, batches, *bare(), convention=convention))
+            for convention in LOOP_CONVENTIONS if convention != CANONICAL_LOOP}
     # Grads that accumulate outside any checkpoint: trainable params outside the user's optimizer set that the
     # stack's optimizer does not track either (a stack that tracks every param, C7, steps and zeroes them all).
     stale = set(plan.trainable) - set(plan.optimized) - set(record.tracked or ())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.records import STATUSES, display_status
+from ..verdict.severity import HARMFUL, severity_of
 from .releases import release_order
 
 Cell = dict[str, Any]
@@ -27,6 +28,26 @@ CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / n
               "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
               "harness": "our own harness (or a user's freeze_case function) raised: says nothing about the stack"}
 _KEY_FIELDS = ("framework", "model", "init", "clip", "freeze", "plugin", "checkpoint")
+#: What each severity means for the user, in the words every report uses (`verdict.severity`).
+SEVERITY_HELP = {
+    "silent": "no error, yet the weights are wrong (a held param moves, a trained one learns wrongly or not at all, "
+              "a resume loses state)",
+    "refused": "the stack raised or hung: loud, the user knows",
+    "costly": "the weights are right, but the stack pays for frozen params (its optimizer holds them) or a flag "
+              "changed without reaching a weight",
+    "differs": "passes: only what reaches no weight differs from the canonical loop, under another correct loop",
+    "harness": "our own code failed: says nothing about the stack",
+    "ok": "every check held", "skipped": "not run (a one-line reason says why)"}
+
+
+def severity(cell: Cell) -> str:
+    """A row's severity; rows of reports written before it are classified on the spot (the same pure rule)."""
+    return cell.get("severity") or severity_of(cell)
+
+
+def untied(cell: Cell) -> bool:
+    """Red (silent or refused) and neither explained by a registry entry or finding nor our own harness."""
+    return severity(cell) in HARMFUL and not (cell.get("known_issue") or {}).get("expected")
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,8 @@ class Section:
     causes: Counter[str]  # red cells by cause
     cells: int
     grad_access: tuple[GradAccess, ...]
+    severities: Counter[str] = dataclasses.field(default_factory=Counter)  # cells by `verdict.severity`
+    untied: int = 0  # silent or refused cells that no registry entry or finding explains
 
 
 #: An axis -> its values in the matrix file's order (`axis_order`); values it does not list come after, as seen.
@@ -146,7 +169,7 @@ def _section(framework: str, cells: list[Cell], order: Order | None) -> Section:
                 blocks.append(Block(model, init, clip, rows))
     causes = Counter(cell["cause"] for cell in cells if cell.get("cause"))
     return Section(framework, plugins, checkpoints, tuple(blocks), _counts(cells), causes, len(cells),
-                   _grad_access(cells))
+                   _grad_access(cells), Counter(map(severity, cells)), sum(map(untied, cells)))
 
 
 def by_release(cells: list[Cell], order: Order) -> tuple[list[Cell], Order]:

@@ -24,6 +24,7 @@ from markupsafe import Markup
 
 from ..core.names import LATER_AXES, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
+from ..verdict.severity import SEVERITIES
 from . import grid, releases
 
 #: Raw status -> glyph. The glyph always shows the raw status; colour shows the display status.
@@ -49,7 +50,7 @@ SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
              ("freeze", "s"), ("clip", "s"), ("environment", "s"), ("status", "s"), ("display", "s"), ("cause", "s"),
              ("check", "s"), ("emulation", "v"), ("precision", "s"), ("world_size", "v"), ("duration_s", "v"),
              ("grad_access", "s"), ("grad_norm_source", "s"), ("resume", "s"), ("resume_api", "s"), ("message", "s"),
-             ("notes", "S"),
+             ("notes", "S"), ("severity", "s"), ("convention", "s"), ("differences", "S"),
              ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]")),
     "failure": (("check", "s"), ("step", "v"), ("message", "s"), ("params", "S")),
     "rank": (("rank", "v"), ("phase", "s"), ("error", "error"), ("exit", "s"), ("traceback", "t"), ("stack", "t"),
@@ -112,7 +113,8 @@ class _Payload:
 
     def issue(self, known: dict[str, Any]) -> int:
         entry = {"id": known["id"], "summary": known.get("summary", ""), "links": grid.links(known),
-                 "expected": bool(known.get("expected")), "fixed": bool(known.get("fixed"))}
+                 "expected": bool(known.get("expected")), "fixed": bool(known.get("fixed")),
+                 "kind": known.get("kind", "upstream"), "reproducer": known.get("reproducer", "")}
         return self.issues.setdefault(json.dumps(entry, sort_keys=True), len(self.issues))
 
     def value(self, value: Any, kind: str) -> Any:
@@ -139,8 +141,8 @@ class _Payload:
 
     def encode(self, cells: list[dict[str, Any]], plugins: tuple[str, ...]) -> dict[str, Any]:
         """`plugins`: the page's plugin columns, by the index their `data-p` attribute holds."""
-        rows = [self.row({**cell, "display": display_status(cell), "resume": grid.round_trip(cell)}, "cell")
-                for cell in cells]
+        rows = [self.row({**cell, "display": display_status(cell), "resume": grid.round_trip(cell),
+                          "severity": grid.severity(cell)}, "cell") for cell in cells]
         return {"shapes": SHAPES, "strings": list(self.strings), "texts": [list(t) for t in self.texts],
                 "issues": [json.loads(i) for i in self.issues], "plugins": plugins, "cells": rows}
 
@@ -155,9 +157,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
 
 
+#: The registry's word on a square is a badge on its severity colour, never a colour that hides the harm.
+REGISTRY_BADGES = {"known": " kn", "fixed?": " fx"}
+
+
 def _square(cell: dict[str, Any], index: int, mark_emulation: bool) -> dict[str, Any]:
     display = display_status(cell)
-    return {"i": index, "css": _css_class(display) + (" emu" if mark_emulation and cell.get("emulation") else "")
+    return {"i": index, "css": f"sev-{grid.severity(cell)}" + REGISTRY_BADGES.get(display, "")
+            + (" emu" if mark_emulation and cell.get("emulation") else "")
             + (" rs" if grid.round_trip(cell) == "failed" else ""),
             "display": display, "cause": cell.get("cause") or "", "glyph": GLYPHS[cell["status"]]}
 
@@ -177,7 +184,8 @@ def _section(section: grid.Section, index: dict[str, int], plugin_index: dict[st
     return {"name": section.framework, "id": f"framework-{_slug(section.framework)}", "cells": section.cells,
             "emulated": everywhere, "checkpoints": section.checkpoints, "access": section.grad_access,
             "plugins": [{"name": p, "p": plugin_index[p], "emulated": columns[p]} for p in section.plugins],
-            "blocks": blocks, "counts": section.counts, "causes": section.causes}
+            "blocks": blocks, "counts": section.counts, "causes": section.causes, "severities": section.severities,
+            "untied": section.untied}
 
 
 def _known_issues(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -249,7 +257,8 @@ def render(report: dict[str, Any]) -> str:
     plugin_index = {p: k for k, p in enumerate(plugins)}
     index = {cell["id"]: k for k, cell in enumerate(cells)}
     present = [s for s in grid.DISPLAY_STATUSES if any(s in section.counts for section in sections)]
-    filters = {"framework": [s.framework for s in sections], "plugin": plugins,
+    filters = {"severity": [v for v in SEVERITIES if any(s.severities[v] for s in sections)],
+               "framework": [s.framework for s in sections], "plugin": plugins,
                "freeze": grid.distinct(cells, "freeze", order), "clip": grid.distinct(cells, "clip", order),
                "status": present,
                "cause": [c for c in grid.CAUSES if any(s.causes[c] for s in sections)],
@@ -259,12 +268,14 @@ def render(report: dict[str, Any]) -> str:
     for k, view in enumerate(views):  # frameworks whose names slug alike still get their own anchor
         view["id"] += f"-{k}" if ids[view["id"]] > 1 else ""
     totals = {"counts": sum((s.counts for s in sections), Counter()),
-              "causes": sum((s.causes for s in sections), Counter()), "cells": len(cells)}
+              "causes": sum((s.causes for s in sections), Counter()), "cells": len(cells),
+              "severities": sum((s.severities for s in sections), Counter()),
+              "untied": sum(s.untied for s in sections)}
     return _ENV.get_template("report.html.j2").render(
         css=_asset("report.css"), js=_asset("report.js"), data=_json_for_script(_Payload().encode(cells, plugins)),
         run=_run(report["environments"]), environments=_environments(report["environments"]), filters=filters,
         sections=views, totals=totals, statuses=grid.DISPLAY_STATUSES, causes=grid.CAUSES, glyphs=GLYPHS,
-        round_trips=grid.ROUND_TRIPS,
+        round_trips=grid.ROUND_TRIPS, severities=SEVERITIES, severity_help=grid.SEVERITY_HELP,
         display_help=DISPLAY_HELP, cause_help=grid.CAUSE_HELP, css_class=_css_class,
         known_issues=_known_issues(cells), notes=_notes(cells),
         across_releases=releases.across_releases(rows, report.get("bisections") or []),

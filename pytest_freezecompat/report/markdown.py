@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.names import LATER_AXES, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
+from ..verdict.severity import SEVERITIES
 from . import grid, releases
 
 Cell = grid.Cell
@@ -109,6 +110,22 @@ def _counts(sections: list[grid.Section]) -> list[str]:
                         + ", ".join(f"{CAUSE_MARKS[c]} {c}" for c in grid.CAUSES) + ": red cells by cause, known ones "
                         f"included; {RESUME_MARK} / {RESUME_MARK}✓: cells whose model-checkpoint round trip failed / "
                         "held (a refusal or a run that raised has none)."]
+
+
+def _harm(sections: list[grid.Section]) -> list[str]:
+    """The first table: per framework release, how bad its cells are for the user, silent harm first."""
+    lines = ["| framework release | " + " | ".join(SEVERITIES) + " | red not explained | cells |",
+             "|---" * (len(SEVERITIES) + 3) + "|"]
+    for section in sections:
+        lines.append(f"| {_inline(section.framework)} | "
+                     + " | ".join(str(section.severities[v]) for v in SEVERITIES)
+                     + f" | {section.untied} | {section.cells} |")
+    total = sum((s.severities for s in sections), Counter())
+    lines.append("| **all** | " + " | ".join(f"**{total[v]}**" for v in SEVERITIES)
+                 + f" | **{sum(s.untied for s in sections)}** | **{sum(s.cells for s in sections)}** |")
+    words = "; ".join(f"**{v}**: {grid.SEVERITY_HELP[v]}" for v in SEVERITIES)
+    return [*lines, "", f"{words}. Red is `silent` or `refused` only. *Red not explained*: red cells that no "
+                        "registry entry or finding explains (a `silent` cell an entry explains is still `silent`)."]
 
 
 def _retries(cells: list[Cell]) -> str:
@@ -223,7 +240,9 @@ def _framework_summary(section: grid.Section, report: dict[str, Any]) -> list[st
     lines = ["", f"### {section.framework}", "",
              *(_environment(env, report["environments"].get(env) or {}) + "  "
                for env in grid.distinct(cells, "environment")),
-             f"{section.cells} cells: {_tally(cells)}. [Grids](#{_anchor(section.framework + ' grids')}) · "
+             f"{section.cells} cells: " + " · ".join(f"{section.severities[v]} {v}" for v in SEVERITIES
+                                                     if section.severities[v]) + f" ({_tally(cells)}). "
+             f"[Grids](#{_anchor(section.framework + ' grids')}) · "
              f"[notes](#{_anchor(section.framework + ' notes')})"]
     if emulation := _emulation(section):
         lines += ["", emulation]
@@ -414,6 +433,7 @@ def render(report: dict[str, Any]) -> str:
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
            "reference (requires_grad flags, optimizer-tracked params, grads, clip norm, updates).", "",
+           "## How bad, per framework release", "", *_harm(sections), "",
            _legend(), "", "## Summary", "", *_counts(sections), "", _retries(cells)]
     for section in sections:
         out += _framework_summary(section, report)

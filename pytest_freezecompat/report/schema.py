@@ -50,10 +50,11 @@ STRING_OR_NULL = ("string", "null")
 KNOWN_ISSUE = Table(required={"id": "string"},
                     optional={"link": "string", "links": STRINGS, "summary": "string", "expected": "boolean",
                               "fixed": "boolean", "range_too_narrow": "boolean", "versions": Table(),
-                              "fixed_in": Table()})
+                              "fixed_in": Table(), "kind": "string", "reproducer": "string"})
 FAILURE = Table(required={"check": "string", "params": STRINGS},
                 optional={"step": "integer", "message": "string", "on_held_params": "boolean",
-                          "params_kind": STRING_OR_NULL, "scale": ("number", "null"), "ranks_combine": STRING_OR_NULL})
+                          "params_kind": STRING_OR_NULL, "scale": ("number", "null"), "ranks_combine": STRING_OR_NULL,
+                          "raised": "boolean"})
 RANK_ERROR = Table(optional=dict.fromkeys(("type", "message", "where", "phase"), "string"))
 RANK_DETAIL = Table(optional={"rank": "integer", "phase": "string", "error": (RANK_ERROR, "null"), "exit": "string",
                               "traceback": "string", "stack": "string", "log_tail": "string", "emulated": STRINGS})
@@ -66,7 +67,8 @@ CELL = Table(
               "emulated": (STRINGS, "null"), "pool_start_s": ("number", "null"), "raised_in": STRING_OR_NULL,
               "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null"),
               "finished_at": "string", "rendezvous_retries": "integer",
-              "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean",
+              "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean", "resume_api": "string",
+              "convention": "string", "differences": STRINGS, "severity": "string",
               **dict.fromkeys(LATER_AXES, "string")})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's

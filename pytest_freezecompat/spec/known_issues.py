@@ -32,7 +32,12 @@ from .matrix import DEVICES, Spec, default_spec_path, listing, tomllib, unselect
 SELECTOR_AXES = tuple(axis for axis in KEY_AXES if axis != "release")
 SELECTOR_KEYS = (*SELECTOR_AXES, "device")
 REQUIRED = ("id", "summary", "links", "when", "versions", "status", "pattern")
-OPTIONAL = ("check", "predicts", "fixed_in")
+OPTIONAL = ("check", "predicts", "fixed_in", "kind", "reproducer")
+#: What an entry is: an upstream report (its thread is the first link), or a **finding** of this matrix that no
+#: upstream thread describes yet: its summary states the mechanism from the framework's source (file, function),
+#: and it ships a standalone reproducer (`findings/<id>.py`, the framework alone, no plugin) that a test runs.
+KINDS = ("upstream", "finding")
+REPRODUCER_RE = re.compile(r"^findings/[a-z0-9][a-z0-9-]*\.py$")
 #: What an entry may predict of the failures it explains, and the values each prediction takes:
 #:   raised_in      error/crash/timeout: "wrapping" (before the first step) or "training"
 #:   params         fail: what the failed check's params are: "held" by the pattern (frozen, or left out
@@ -62,6 +67,9 @@ class Entry:
     #: The release that fixed it, per package (`{"composer": "0.24.0"}`): outside `versions`, and the matrix runs a
     #: release on each side, so the fix is shown by runs, not only stated.
     fixed_in: dict[str, str] = dataclasses.field(default_factory=dict)
+    kind: str = "upstream"
+    #: A finding's standalone script, relative to the repository root (`findings/<id>.py`).
+    reproducer: str | None = None
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
         """A user's cell is selected by the stack alone (framework, plugin, init, checkpoint, device): its model
@@ -116,9 +124,11 @@ class Entry:
         return "ranks_combine" not in self.predicts or failure.get("ranks_combine") == self.predicts["ranks_combine"]
 
     def describe(self) -> dict[str, Any]:
-        described = {"id": self.id, "link": self.links[0], "links": list(self.links), "summary": self.summary,
+        described = {"id": self.id, "links": list(self.links), "summary": self.summary,
                      "versions": {name: str(spec) for name, spec in self.versions.items()}}
-        return {**described, "fixed_in": dict(self.fixed_in)} if self.fixed_in else described
+        optional = {"link": self.links[0] if self.links else None, "fixed_in": dict(self.fixed_in),
+                    "kind": self.kind if self.kind != "upstream" else None, "reproducer": self.reproducer}
+        return {**described, **{key: value for key, value in optional.items() if value}}
 
 
 @dataclass(frozen=True)
@@ -216,9 +226,19 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
         raise error("id", f"duplicate of entry #{seen[body['id']] + 1}")
     if not isinstance(body["summary"], str) or not body["summary"].strip():
         raise error("summary", "must be a non-empty string")
-    links = _strings(body["links"])
+    kind = body.get("kind", "upstream")
+    if kind not in KINDS:
+        raise error("kind", f"must be one of {', '.join(KINDS)}, not {kind!r}")
+    reproducer = body.get("reproducer")
+    if kind == "finding" and reproducer is None:
+        raise error("reproducer", "a finding ships a standalone reproducer: findings/<id>.py")
+    if reproducer is not None and (not isinstance(reproducer, str) or not REPRODUCER_RE.match(reproducer)):
+        raise error("reproducer", "must be a path findings/<name>.py (lowercase, digits, '-')")
+    # A finding may have no thread yet (related ones may be linked); an upstream entry names its thread first.
+    links = () if kind == "finding" and body["links"] == [] else _strings(body["links"])
     if links is None or not all(link.startswith("https://") for link in links):
-        raise error("links", "must be a non-empty list of https:// URLs")
+        raise error("links", "must be a non-empty list of https:// URLs" + (" (or [] for a finding)"
+                                                                            if kind == "finding" else ""))
     selectors = body["when"] if isinstance(body["when"], list) else [body["when"]]
     if not selectors or not all(isinstance(sel, dict) and sel for sel in selectors):
         raise error("when", "must be a non-empty table of axis = value(s), or a list of such tables")
@@ -275,7 +295,7 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
             raise error("fixed_in", f"{package} {release} is inside the entry's own range {versions[package]}")
     seen[body["id"]] = index
     return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, pattern, check,
-                 dict(predicts), dict(fixed_in))
+                 dict(predicts), dict(fixed_in), kind, reproducer)
 
 
 def load(path: str | Path | None = None) -> Registry:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.cell import Cell
 from ..core.messages import RENDEZVOUS_PHASE
-from ..core.names import CHECKS
+from ..core.names import CANONICAL_LOOP, CHECKS, CLIP_OPTIMIZED_LOOP
 from ..core.records import (
     FREEZE_CASE_ERROR,
     CellRun,
@@ -109,6 +109,7 @@ class Problem:
     params: tuple[str, ...]
     scale: float | None = None  # grads: the one factor every differing grad is of the reference's
     ranks_combine: str | None = None  # grad_norm: "l2" where the ranks' own norms combine to the reference's
+    raised: bool = False  # resume: the save, the load or a resumed step raised (loud), rather than differed
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,13 @@ class CheckFailure:
     #: already moved differently (unclipped, a grad twice as large moves AdamW's params by a hair more).
     scale: float | None = None
     ranks_combine: str | None = None
+    raised: bool | None = None  # resume: the round trip raised (the cell's severity is then `refused`)
 
     def to_json(self) -> dict[str, Any]:
         data = {"check": self.check, "step": self.step, "message": self.message, "params": list(self.params),
                 "on_held_params": self.on_held_params}
-        facts = {"params_kind": self.params_kind, "scale": self.scale, "ranks_combine": self.ranks_combine}
+        facts = {"params_kind": self.params_kind, "scale": self.scale, "ranks_combine": self.ranks_combine,
+                 "raised": self.raised}
         return {**data, **{k: v for k, v in facts.items() if v is not None}}
 
 
@@ -145,6 +148,10 @@ class Verdict:
     harness: bool = False
     #: error, crash, timeout: "wrapping" (before the first step) or "training". Registry entries predict it.
     raised_in: str | None = None
+    #: Where the optimizer holds a subset of what trains and several correct loops were tried: the one judged.
+    convention: str | None = None
+    #: What differs from the canonical loop without reaching a weight (the `differs` severity of a pass).
+    differences: list[str] = field(default_factory=list)
 
 
 #: The phases our own code runs in (the pool's rendezvous, the probes' reads, the reference, the scenario's setup).
@@ -336,30 +343,33 @@ def _accumulates(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFact
     return near_accumulated <= near_fresh
 
 
-def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFacts | None) -> StepFacts:
+def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFacts | None,
+                        shift_norm: bool = True) -> StepFacts:
     """What the resumed run's step should show: the uninterrupted run's, where no grad accumulates outside the
     optimizer (`resumed_ref` None: resuming changes nothing). Else no checkpoint holds those grads: the
     uninterrupted run shifted by the difference resuming makes to the reference."""
     if resumed_ref is None or not _accumulates(uninterrupted, ref, resumed_ref):
         return uninterrupted
     norm = uninterrupted.norm
-    if norm is not None and ref.norm is not None and resumed_ref.norm is not None:
+    if shift_norm and norm is not None and ref.norm is not None and resumed_ref.norm is not None:
         norm += resumed_ref.norm - ref.norm
     return StepFacts(_shifted(uninterrupted.grads, ref.grads, resumed_ref.grads), norm, uninterrupted.norm_source,
                      _shifted(uninterrupted.params, ref.params, resumed_ref.params))
 
 
 def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, rooms: dict[int, Room],
-                  lr: float, clips: bool, notes: list[str]) -> Problem | None:
+                  lr: float, clips: bool, notes: list[str], convention: str = CANONICAL_LOOP) -> Problem | None:
     """The round trip against the uninterrupted run of the same cell (not the reference: a stack that trains
-    wrongly is judged by the other checks; this one asks whether saving and loading changed anything)."""
+    wrongly is judged by the other checks; this one asks whether saving and loading changed anything). Grads of
+    params no optimizer steps reach no weight and are left out; under `convention` = clipping over the optimizer's
+    params, the lost accumulation of those grads does not reach the norm either."""
     resume = records[0].resume
     if resume is None:
         return None
     raised = [r.resume.error for r in records if r.resume is not None and r.resume.error is not None]
     if raised:
         err = _earliest(raised)
-        return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", ())
+        return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", (), raised=True)
     lead, names, trainable = records[0], set(plan.names), set(plan.trainable)
     found: list[str] = []
     named: set[str] = set()
@@ -409,13 +419,16 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         named.update(d.split(" (", 1)[0] for d in differ)
     for step in range(resume.saved_after + 1, len(lead.steps)):
         want_step = resumed_expectation(lead.steps[step], (lead.reference or [])[step],
-                                        lead.reference_resumed[step] if lead.reference_resumed else None)
+                                        lead.reference_resumed[step] if lead.reference_resumed else None,
+                                        shift_norm=convention != CLIP_OPTIMIZED_LOOP)
         got = resume.steps[step] if step < len(resume.steps) else StepFacts()
         if got.params is None:
             found.append(f"the resumed run did not reach the end of step {step}")
             break
         room = rooms.get(step, Room())
-        for problem in (_check_grads(step, got.grads or {}, want_step.grads or {}, tol, room, []),
+        outside = set(plan.trainable) - set(plan.optimized)
+        for problem in (_check_grads(step, _without(got.grads, outside), _without(want_step.grads, outside), tol,
+                                     room, []),
                         _check_update(step, got.params, want_step.params or {}, lead.steps[step - 1].params or {},
                                       tol, room, {}, lr)):
             if problem:
@@ -468,44 +481,52 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         "from the values after wrapping)"]
     tol = dataclasses.replace(FP32, **(tolerance or {}))
     mixed = lead.reference_mixed if precision != "fp32" else None
-    failures: list[tuple[int, str, Problem]] = []  # (step, check, problem); -1 = before the first step
-    for check, problem in (("requires_grad", _check_flags(records, set(plan.trainable))),
-                           ("optimizer", _check_tracked(records, set(plan.optimized)))):
-        if problem:
-            failures.append((-1, check, problem))
-    ref_steps = lead.reference
-    if len(lead.steps) < len(ref_steps):
-        failures.append((len(lead.steps), "update", Problem(f"ran {len(lead.steps)} of {len(ref_steps)} steps", ())))
-    before = lead.initial
-    quiet: dict[str, np.ndarray] = {}
     rooms: dict[int, Room] = {}
-    for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
+    for step, ref in enumerate(lead.reference):
         room = rooms[step] = measured_room(ref, mixed[step]) if mixed else Room()
         if mixed:
             notes.append(f"step {step}: {precision} judged with {SPREAD_FACTOR:g}x its measured spread (widest "
                          f"relative grad spread {room.spread:.2e}, norm room {room.norm:.2e})")
-        for name, grad in (ref.grads or {}).items():
-            if grad is not None:
-                quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
-        for check, problem in (("grads", _check_grads(step, got.grads or {}, ref.grads or {}, tol, room, notes)),
-                               ("grad_norm", _check_norm(step, got, [_norm_at(r, step) for r in records], ref.norm,
-                                                         tol, room, notes) if clips else None),
-                               ("update", _check_update(step, got.params or {}, ref.params or {}, before, tol,
-                                                        room, quiet, lr))):
-            if problem:
-                failures.append((step, check, problem))
-        before = ref.params
-    resumed = _check_resume(records, plan, tol, rooms, lr, clips, notes) if len(lead.steps) == len(ref_steps) else None
+    flags = [(-1, check, problem) for check, problem in (
+        ("requires_grad", _check_flags(records, set(plan.trainable))),
+        ("optimizer", _check_tracked(records, set(plan.optimized)))) if problem]
+    # Params that require grad but that no optimizer steps: their grads reach no weight (they may accumulate, be
+    # zeroed or stay rank-local under a correct loop); that they never move is the update check's business.
+    outside = set(plan.trainable) - set(plan.optimized)
+    conventions = {CANONICAL_LOOP: lead.reference, **(lead.reference_conventions or {})}
+    tried: dict[str, tuple[list[tuple[int, str, Problem]], list[str]]] = {}
+    for convention, ref_steps in conventions.items():
+        scratch: list[str] = []
+        tried[convention] = (_training_failures(lead, records, ref_steps, rooms, tol, lr, clips, outside, scratch),
+                             scratch)
+        if not tried[convention][0]:
+            break
+    # The first convention the weights follow; where none does, the one with the fewest failed checks.
+    convention = min(tried, key=lambda c: (len({check for _, check, _ in tried[c][0]}), list(tried).index(c)))
+    trained, step_notes = tried[convention]
+    notes.extend(step_notes)
+    failures: list[tuple[int, str, Problem]] = [*flags, *trained]
+    differences = _outside_differences(lead, outside, tol, rooms)
+    if len(conventions) > 1:
+        if convention != CANONICAL_LOOP and not trained:
+            differences.insert(0, f"the weights follow the loop '{convention}', not '{CANONICAL_LOOP}' (the clip "
+                                  "norm differs; both are correct loops)")
+        elif trained:
+            notes.append(f"judged against the loop '{convention}', the closest of the {len(conventions)} correct "
+                         "loops tried")
+    resumed = (_check_resume(records, plan, tol, rooms, lr, clips, notes, convention)
+               if len(lead.steps) == len(lead.reference) else None)
     if resumed:
         failures.append(((lead.resume.saved_after if lead.resume else 0) + 1, "resume", resumed))
     notes.extend(n for r in records for n in r.notes)
+    matched = convention if len(conventions) > 1 else None
     if not failures:
-        return Verdict(Status.PASS, None, "", notes)
+        return Verdict(Status.PASS, None, "", notes, convention=matched, differences=differences)
     # The earliest step's first check is the root cause; later steps' problems of that check follow it.
     # Every failed check is kept, each with every param it named at any step.
     failures.sort(key=lambda f: (f[0], CHECKS.index(f[1])))
     held = (set(plan.names) - set(plan.trainable)) | (set(plan.names) - set(plan.optimized))
-    no_grad = {n for n in plan.names if all((s.grads or {}).get(n) is None for s in ref_steps)} - held
+    no_grad = {n for n in plan.names if all((s.grads or {}).get(n) is None for s in lead.reference)} - held
     by_check: dict[str, CheckFailure] = {}
     for check in dict.fromkeys(check for _, check, _ in failures):
         mine = [(step, problem) for step, c, problem in failures if c == check]
@@ -513,9 +534,53 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         by_check[check] = CheckFailure(
             check, mine[0][0], " | ".join(problem.text for _, problem in mine), params, bool(held & set(params)),
             _params_kind(params, held, no_grad), mine[0][1].scale,
-            _same([problem.ranks_combine for _, problem in mine]))
+            _same([problem.ranks_combine for _, problem in mine]), any(problem.raised for _, problem in mine) or None)
     first = next(iter(by_check.values()))
-    return Verdict(Status.FAIL, first.check, first.message, notes, list(by_check.values()))
+    return Verdict(Status.FAIL, first.check, first.message, notes, list(by_check.values()), convention=matched,
+                   differences=differences)
+
+
+def _without(values: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:
+    return {n: v for n, v in (values or {}).items() if n not in names}
+
+
+def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: list[StepFacts],
+                       rooms: dict[int, Room], tol: Tolerance, lr: float, clips: bool, outside: set[str],
+                       notes: list[str]) -> list[tuple[int, str, Problem]]:
+    """The steps judged against one reference run: grads (but those of `outside`), clip norm, update."""
+    failures: list[tuple[int, str, Problem]] = []
+    if len(lead.steps) < len(ref_steps):
+        failures.append((len(lead.steps), "update", Problem(f"ran {len(lead.steps)} of {len(ref_steps)} steps", ())))
+    before = lead.initial or {}
+    quiet: dict[str, np.ndarray] = {}
+    for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
+        room = rooms.get(step, Room())
+        for name, grad in (ref.grads or {}).items():
+            if grad is not None:
+                quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
+        for check, problem in (("grads", _check_grads(step, _without(got.grads, outside), _without(ref.grads, outside),
+                                                      tol, room, notes)),
+                               ("grad_norm", _check_norm(step, got, [_norm_at(r, step) for r in records], ref.norm,
+                                                         tol, room, notes) if clips else None),
+                               ("update", _check_update(step, got.params or {}, ref.params or {}, before, tol,
+                                                        room, quiet, lr))):
+            if problem:
+                failures.append((step, check, problem))
+        before = ref.params or {}
+    return failures
+
+
+def _outside_differences(lead: RankRecord, outside: set[str], tol: Tolerance, rooms: dict[int, Room]) -> list[str]:
+    """Where the grads of params no optimizer steps differ from the canonical loop's: reaching no weight, a
+    difference of loop convention (zeroed, rank-local), said but not failed."""
+    found = []
+    for step, (got, ref) in enumerate(zip(lead.steps, lead.reference or [])):
+        mine = {n: v for n, v in (got.grads or {}).items() if n in outside}
+        theirs = {n: v for n, v in (ref.grads or {}).items() if n in outside}
+        problem = _check_grads(step, mine, theirs, tol, rooms.get(step, Room()), []) if theirs else None
+        if problem:
+            found.append(f"{problem.text} (params outside the optimizer: their grads reach no weight)")
+    return found
 
 
 def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:

@@ -208,9 +208,6 @@ class PluginSpec:
     clip_source: str
     #: Gemini accepts only its own HybridAdam (same math as AdamW with adamw_mode).
     hybrid_adam: bool = False
-    #: Zero the model's grads too: params outside the optimizer would keep last step's grads (not Gemini:
-    #: its grads live in chunks the optimizer zeroes).
-    zero_model_grads: bool = True
     #: The round trip's format: `shard=True` (a folder with an index file; what the docs recommend for ZeRO,
     #: Gemini and HybridParallel, whose state is spread over ranks) or `shard=False` (one file, rank 0).
     shard: bool = True
@@ -252,12 +249,10 @@ PLUGINS: dict[str, PluginSpec] = {
         "flat-param shard; not reduced across ranks)", shard=False),
     "low-level-zero-1": PluginSpec(_low_level_zero(1), ZeroView, True, _clipped_in_step("LowLevelZeroOptimizer")),
     "low-level-zero-2": PluginSpec(_low_level_zero(2), ZeroView, True, _clipped_in_step("LowLevelZeroOptimizer")),
-    "gemini": PluginSpec(_gemini("static"), GeminiView, True, _clipped_in_step("GeminiOptimizer"),
-                         hybrid_adam=True, zero_model_grads=False),
-    "gemini-auto": PluginSpec(_gemini("auto"), GeminiView, True, _clipped_in_step("GeminiOptimizer"),
-                              hybrid_adam=True, zero_model_grads=False),
+    "gemini": PluginSpec(_gemini("static"), GeminiView, True, _clipped_in_step("GeminiOptimizer"), hybrid_adam=True),
+    "gemini-auto": PluginSpec(_gemini("auto"), GeminiView, True, _clipped_in_step("GeminiOptimizer"), hybrid_adam=True),
     "gemini-split-chunks": PluginSpec(_gemini("static", **SPLIT_CHUNKS), GeminiView, True,
-                                      _clipped_in_step("GeminiOptimizer"), hybrid_adam=True, zero_model_grads=False),
+                                      _clipped_in_step("GeminiOptimizer"), hybrid_adam=True),
     "hybrid-parallel": PluginSpec(_hybrid(0), PlainView, True, _clipped_in_step("HybridParallelNaiveOptimizer")),
     "hybrid-parallel-zero-1": PluginSpec(_hybrid(1), ZeroView, True,
                                          _clipped_in_step("HybridParallelZeroOptimizer")),
@@ -299,9 +294,13 @@ class _Loop:
         return self.spec.clips_in_step
 
     def zero_grad(self) -> None:
+        """Through the boosted optimizer alone, as ColossalAI's examples and docs write the loop (no plugin needs
+        more): each plugin zeroes what its optimizer holds (TorchDDP, TorchFSDP and HybridParallel's naive
+        optimizer `param.grad` of its params; LowLevelZero its grad store; Gemini its chunks). A param that
+        requires grad but is outside the optimizer keeps accumulating into `param.grad` step after step, as it
+        does for a user, where the stack itself leaves it there (Gemini rewrites its chunk each backward;
+        LowLevelZero never reduces it, so it stays rank-local)."""
         self.optimizer.zero_grad()
-        if self.spec.zero_model_grads:
-            self.model.zero_grad(set_to_none=True)
 
     def forward_backward(self, step: int) -> None:
         self.booster.backward(self.ctx.loss(self.model, self.ctx.local_batch(step)), self.optimizer)

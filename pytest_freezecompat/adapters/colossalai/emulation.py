@@ -50,7 +50,14 @@ memory, yet they compare unequal, so Gemini's bookkeeping of which shard lives w
   the emulated CUDA device get that kernel's arithmetic in torch (same as `torch_adam_update` after
   `grad / div_scale`); the rest (chunks Gemini really offloaded: auto placement's sharded chunks, static's
   `offload_optim_frac`) run the shipped step, whose bf16 branch drops `div_scale` on a GPU too, so max_norm
-  has no effect on them there as here. The chunk of each
+  has no effect on them there as here. The kernel's launcher (`multi_tensor_apply.cuh`) checks its inputs
+  first, and so does the shim, by where Gemini holds each grad (the param's bf16 chunk under
+  `reuse_fp16_chunk`, else its grad chunk): the first grad must be on CUDA ("expected input to be on cuda")
+  and every other on the same device ("A tensor was not on the same device as the first tensor"). On CPU
+  every tensor is host memory, so without that check a grad Gemini left offloaded (0.3.4 closes static
+  chunks offloaded and moves a bf16 chunk to CUDA only when the forward accesses it: a chunk no forward
+  reaches keeps its grad slot in host memory while its fp32 masters were moved to CUDA) would be applied
+  where the GPU raises. The chunk of each
   param is looked up through the GeminiOptimizer whose `step` is running (`GeminiOptimizer.step` is
   wrapped only to make itself known; it runs as shipped, and that wrapper never reports).
   Engages when a step updates at least one param on the emulated device.
@@ -102,7 +109,7 @@ from torch.overrides import TorchFunctionMode
 from ...core.cell import Cell
 from ..base import Probe
 from ..emulation import Patch, Shim, always
-from .compat import has_accelerator_api
+from .compat import has_accelerator_api, reuses_fp16_chunk
 
 #: What the emulated CUDA accelerator calls its current device (host memory, unequal to `cpu`).
 EMULATED_DEVICE = torch.device("cpu", 0)
@@ -465,6 +472,23 @@ def _on_emulated_device(gemini: Any) -> set[int]:
     return on_device
 
 
+def _grad_on_emulated_device(gemini: Any, fake_param: Any) -> bool:
+    """Whether the chunk `GeminiOptimizer._set_grad_ptr` took this param's grad from is "on CUDA": its bf16 chunk
+    under `reuse_fp16_chunk`, else that chunk's grad chunk. On CPU the tensor itself cannot tell."""
+    chunk16 = gemini.param_to_chunk16[fake_param]
+    grad_chunk = chunk16 if reuses_fp16_chunk(gemini.module) else chunk16.grad_chunk
+    return grad_chunk is not None and grad_chunk.device_type == "cuda"
+
+
+def _multi_tensor_apply_checks(grads_on_device: list[bool]) -> None:
+    """The input checks of ColossalAI's `multi_tensor_apply.cuh` (`TORCH_CHECK`s, same words) on one param group's
+    grads, which HybridAdam hands to the fused kernel first: the first on CUDA, every other on the same device."""
+    if grads_on_device and not grads_on_device[0]:
+        raise RuntimeError("expected input to be on cuda")
+    if not all(grads_on_device):
+        raise RuntimeError("A tensor was not on the same device as the first tensor")
+
+
 def _hybrid_adam_step(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def step(self: Any, closure: Callable[[], Any] | None = None, div_scale: float = -1) -> Any:
@@ -480,6 +504,8 @@ def _hybrid_adam_step(report: Callable[[], None], original: Callable[..., Any]) 
         with torch.no_grad():
             # What HybridAdam's CUDA branch does: state as it creates it, then the fused kernel's arithmetic.
             for group in self.param_groups:
+                _multi_tensor_apply_checks([_grad_on_emulated_device(gemini, p) for p in group["params"]
+                                            if id(p) in on_device])
                 beta1, beta2 = group["betas"]
                 for p in group["params"]:
                     if id(p) not in on_device:

@@ -288,6 +288,8 @@ class _View:
 
 def _optimizer_model_params(optimizer: Any) -> list[nn.Parameter]:
     """The model params an optimizer updates: the distributed optimizer holds shards, mapped back here."""
+    if optimizer is None:  # torch DDP: a pipeline stage with nothing to optimize has no optimizer
+        return []
     if isinstance(optimizer, torch.optim.Optimizer):
         return [p for group in optimizer.param_groups for p in group["params"]]
     params: list[nn.Parameter] = []
@@ -364,7 +366,8 @@ class _Loop(MegatronCheckpoint):
 
     def zero_grad(self) -> None:
         if self.layout.wrapper == "torch-ddp":  # the canonical loop: grads are zeroed through the optimizer
-            self.view.optimizer.zero_grad(set_to_none=True)
+            if self.view.optimizer is not None:
+                self.view.optimizer.zero_grad(set_to_none=True)
         else:
             self.view.wrapped.zero_grad_buffer()
             self.view.optimizer.zero_grad()
@@ -382,7 +385,18 @@ class _Loop(MegatronCheckpoint):
             "(then clip_grad_by_total_norm_fp32)")
 
     def step(self) -> None:
-        self.stepped = self.view.optimizer.step()
+        if self.view.optimizer is not None:
+            self.stepped = self.view.optimizer.step()
+
+    # A torch-DDP stage with no optimizer is checkpointed as Megatron-LM checkpoints a stub optimizer: model only.
+    def _torch_optimizer(self) -> bool:
+        return self.view.optimizer is not None and super()._torch_optimizer()
+
+    def _stub_optimizer(self) -> bool:
+        return self.view.optimizer is None or super()._stub_optimizer()
+
+    def _metadata(self) -> dict[str, Any] | None:
+        return None if self.view.optimizer is None else super()._metadata()
 
     def norm_after_step(self) -> tuple[float | None, str]:
         _, norm, _ = self.stepped
@@ -469,7 +483,9 @@ class MegatronAdapter(AdapterBase):
             if after_wrap:
                 _freeze(bare, names, plan)
             chosen = [p for local, p in bare.named_parameters() if names[local] in plan.optimized and p.requires_grad]
-            return wrapped, ctx.make_optimizer(chosen)
+            # A pipeline stage that owns no optimized param gets no optimizer (torch refuses an empty one), as
+            # get_megatron_optimizer gives such a stage none (a stub) from 0.11: its steps leave the stage alone.
+            return wrapped, ctx.make_optimizer(chosen) if chosen else None
         distopt = layout.wrapper == "megatron-ddp-distopt"
         wrapped = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=distopt),
                                           bare)

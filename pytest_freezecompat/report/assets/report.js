@@ -27,7 +27,6 @@
   const panel = document.getElementById('details');
   const body = document.getElementById('details-body');
   const bar = document.getElementById('filters');
-  const summary = document.getElementById('summary-table');
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -36,7 +35,7 @@
     return e;
   }
   function label(c) {
-    let t = c.id + ': ' + c.status + (c.check ? ' [' + c.check + ']' : '');
+    let t = c.id + ': ' + c.severity + ' · ' + c.status + (c.check ? ' [' + c.check + ']' : '');
     if (c.display !== c.status) t += ' (' + c.display + ': ' + c.known_issue.id + ')';
     t += ' · checkpoint ' + c.checkpoint + (c.clip === 'clip' ? '' : ' · ' + c.clip);
     if (c.emulation) t += ' · emulated';
@@ -57,7 +56,7 @@
     return w;
   }
   function matches(c, w) {
-    return (!w.framework || c.framework === w.framework) && (!w.plugin || c.plugin === w.plugin)
+    return (!w.severity || c.severity === w.severity) && (!w.framework || c.framework === w.framework) && (!w.plugin || c.plugin === w.plugin)
       && (!w.freeze || c.freeze === w.freeze) && (!w.clip || c.clip === w.clip) && (!w.status || c.display === w.status || c.status === w.status)
       && (!w.cause || c.cause === w.cause) && (!w.resume || c.resume === w.resume);
   }
@@ -69,13 +68,15 @@
       if (!shown[i]) return;
       [c.framework, ''].forEach(f => {
         bump(f, 'cells');
+        bump(f, 'sev:' + c.severity);
+        if ((c.severity === 'silent' || c.severity === 'refused') && c.display !== 'known') bump(f, 'untied');
         bump(f, c.status);
         if (c.display !== c.status) bump(f, c.display);
         if (c.cause) bump(f, 'red:' + c.cause);
         if (c.resume) bump(f, 'resume:' + c.resume);
       });
     });
-    summary.querySelectorAll('tr[data-framework]').forEach(tr => {
+    document.querySelectorAll('table.counts tr[data-framework]').forEach(tr => {
       const got = counts[tr.dataset.framework] || {};
       tr.querySelectorAll('td[data-k]').forEach(td => {
         const n = got[td.dataset.k] || 0;
@@ -128,6 +129,7 @@
     buttons.forEach(b => b.classList.toggle('active', +b.dataset.i === i));
     body.replaceChildren(el('h2', c.id));
     const line = el('p');
+    line.append(el('span', c.severity, 'badge sev-' + c.severity));
     line.append(el('span', c.status, 'badge d-' + c.status));
     if (c.display !== c.status) line.append(el('span', c.display, 'badge d-' + c.display.replace('?', '')));
     if (c.check) line.append(el('span', 'failed check: ' + c.check));
@@ -145,7 +147,13 @@
     add(dl, 'grad norm source', c.grad_norm_source);
     if (c.duration_s !== null) add(dl, 'duration', c.duration_s + ' s');
     add(dl, 'cause', c.cause);
+    add(dl, 'loop judged', c.convention);
     body.append(dl);
+    if (c.differences.length) {
+      const ul = el('ul');
+      c.differences.forEach(d => ul.append(el('li', d)));
+      body.append(el('h3', 'differs from the canonical loop (reaches no weight)'), ul);
+    }
     pre(body, c.status === 'skip' ? 'reason' : 'message', c.message);
     if (c.failures.length > 1) {
       const ul = el('ul');
@@ -162,10 +170,11 @@
     if (k) {
       body.append(el('h3', 'known issue'));
       const p = el('p');
-      p.append(el('strong', k.id));
+      p.append(el('strong', k.id + (k.kind === 'finding' ? ' (a finding of this matrix)' : '')));
       if (k.summary) p.append(el('span', ' — ' + k.summary));
       const ul = el('ul');
       k.links.forEach(h => { const li = el('li'); li.append(link(h)); ul.append(li); });
+      if (k.reproducer) ul.append(el('li', 'reproducer: ' + k.reproducer + ' (run it with the environment\'s python)'));
       body.append(p, ul);
     }
     if (c.notes.length) {

@@ -1,0 +1,54 @@
+"""Severity from report rows: what reaches the weights decides, not which check tripped."""
+
+import pytest
+
+from pytest_freezecompat.verdict import classify, severity
+
+
+def row(status="fail", failures=(), **extra):
+    return {"id": "m/f/p/eager/none/embedding", "model": "m", "framework": "f", "plugin": "p", "init": "eager",
+            "checkpoint": "none", "freeze": "embedding", "clip": "clip", "status": status, "message": "",
+            "failures": list(failures), **extra}
+
+
+def failure(check, message="", **extra):
+    return {"check": check, "params": [], "message": message, **extra}
+
+
+@pytest.mark.parametrize(("failures", "want"), [
+    ([failure("update", "step 0: param that must stay fixed changed: emb")], "silent"),
+    ([failure("grads", "step 0: no grad on trainable: w")], "silent"),
+    ([failure("grad_norm", "step 0: grad norm 1 != reference 2")], "silent"),
+    ([failure("optimizer", "optimizer tracks 2 unintended: emb, pos")], "costly"),
+    ([failure("optimizer", "optimizer misses 1: w")], "silent"),
+    ([failure("requires_grad", "requires_grad changed by wrapping: emb (False->True)")], "costly"),
+    ([failure("resume", "resume: load: KeyError: 'w' (rank 0, x.py:1 in f)", raised=True)], "refused"),
+    ([failure("resume", "resume: save: KeyError: 'w' (rank 0, x.py:1 in f)")], "refused"),  # an older row
+    ([failure("resume", "not in the saved files: w")], "silent"),
+    ([failure("resume", "requires_grad after load differs from the freeze pattern: emb")], "costly"),
+    ([failure("optimizer", "optimizer tracks 1 unintended: emb"),
+      failure("resume", "resume: load: KeyError: 'w' (rank 0)", raised=True)], "refused"),
+    ([failure("optimizer", "optimizer tracks 1 unintended: emb"), failure("update", "step 1: ...")], "silent"),
+])
+def test_a_failed_run_is_as_bad_as_what_reaches_the_weights(failures, want):
+    assert severity.severity_of(row("fail", failures)) == want
+
+
+@pytest.mark.parametrize(("status", "extra", "want"), [
+    ("error", {}, "refused"), ("crash", {}, "refused"), ("timeout", {}, "refused"), ("skip", {}, "skipped"),
+    ("pass", {}, "ok"), ("pass", {"differences": ["step 0: grad differs: h"]}, "differs"),
+    ("error", {"cause": "harness"}, "harness"),
+])
+def test_every_status_has_a_severity(status, extra, want):
+    assert severity.severity_of(row(status, **extra)) == want
+
+
+def test_a_known_issue_never_softens_silent_harm():
+    known = {"id": "x", "expected": True}
+    assert severity.severity_of(row("fail", [failure("update", "moved")], known_issue=known)) == "silent"
+
+
+def test_classify_sets_cause_then_severity_on_every_row():
+    rows = classify([row("error", message="E: boom", cause="harness"), row("pass")])
+    assert [r["severity"] for r in rows] == ["harness", "ok"]
+    assert all(r["severity"] in severity.SEVERITIES for r in rows)

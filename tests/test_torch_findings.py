@@ -1,0 +1,11 @@
+"""Each torch finding's standalone reproducer, run with this environment's python: it must show the failure on a
+release inside its registry entry's range and not outside it (tests/findings_run.py). Top-level, not in a
+tests/torch_adapter folder: the torch environment runs `pytest tests`, and only it."""
+
+import pytest
+from findings_run import check_reproducer, findings
+
+
+@pytest.mark.parametrize("entry", findings("torch"), ids=lambda entry: entry.id)
+def test_the_finding_reproduces_where_the_registry_says(entry):
+    check_reproducer("torch", entry)
