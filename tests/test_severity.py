@@ -2,6 +2,7 @@
 
 import pytest
 
+from pytest_freezecompat.core.names import SEVERITIES
 from pytest_freezecompat.verdict import classify, severity
 
 
@@ -51,4 +52,4 @@ def test_a_known_issue_never_softens_silent_harm():
 def test_classify_sets_cause_then_severity_on_every_row():
     rows = classify([row("error", message="E: boom", cause="harness"), row("pass")])
     assert [r["severity"] for r in rows] == ["harness", "ok"]
-    assert all(r["severity"] in severity.SEVERITIES for r in rows)
+    assert all(r["severity"] in SEVERITIES for r in rows)

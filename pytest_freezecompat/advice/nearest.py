@@ -14,7 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ..verdict.severity import HARMFUL, severity_of
+from ..core.names import HARMFUL
+from ..verdict.severity import severity_of
 
 Row = dict[str, Any]
 

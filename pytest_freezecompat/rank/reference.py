@@ -68,10 +68,10 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
         if step - 1 == resumed_after:
             for param in (*params.values(), *masters.values()):
                 param.grad = None
-        # The canonical loop zeroes through the optimizer: with an optimizer over a subset,
-        # grads of params outside it accumulate (and count in the clip norm), as they do for users.
         if convention == MODEL_ZERO_GRAD_LOOP:
             model.zero_grad(set_to_none=True)
+        # The canonical loop zeroes through the optimizer: with an optimizer over a subset,
+        # grads of params outside it accumulate (and count in the clip norm), as they do for users.
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
             if compute_dtype is not None:

@@ -225,13 +225,14 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
                                                       compute_dtype=reference.LOW_PRECISION[cell.precision]))
     # The optimizer holds a subset of what trains: the loop's other correct forms give the optimizer's params
     # other updates only through the clip norm (without clipping, only grads that reach no weight differ).
-    if set(plan.trainable) - set(plan.optimized) and cell.hyper.clips:
+    outside = set(plan.trainable) - set(plan.optimized)
+    if outside and cell.hyper.clips:
         record.reference_conventions = {
             convention: _facts(reference.run(cell, plan, initial, batches, *bare(), convention=convention))
             for convention in LOOP_CONVENTIONS if convention != CANONICAL_LOOP}
     # Grads that accumulate outside any checkpoint: trainable params outside the user's optimizer set that the
     # stack's optimizer does not track either (a stack that tracks every param, C7, steps and zeroes them all).
-    stale = set(plan.trainable) - set(plan.optimized) - set(record.tracked or ())
+    stale = outside - set(record.tracked or ())
     if record.resume is not None and stale:
         record.reference_resumed = _facts(reference.run(cell, plan, initial, batches, *bare(),
                                                         resumed_after=record.resume.saved_after))

@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.names import HARMFUL
 from ..core.records import STATUSES, display_status
-from ..verdict.severity import HARMFUL, severity_of
+from ..verdict.severity import severity_of
 from .releases import release_order
 
 Cell = dict[str, Any]

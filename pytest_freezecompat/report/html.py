@@ -22,9 +22,8 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from ..core.names import LATER_AXES, clip
+from ..core.names import LATER_AXES, SEVERITIES, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
-from ..verdict.severity import SEVERITIES
 from . import grid, releases
 
 #: Raw status -> glyph. The glyph always shows the raw status; colour shows the display status.

@@ -15,9 +15,8 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from ..core.names import LATER_AXES, clip
+from ..core.names import LATER_AXES, SEVERITIES, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
-from ..verdict.severity import SEVERITIES
 from . import grid, releases
 
 Cell = grid.Cell

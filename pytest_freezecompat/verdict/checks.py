@@ -371,6 +371,7 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         err = _earliest(raised)
         return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", (), raised=True)
     lead, names, trainable = records[0], set(plan.names), set(plan.trainable)
+    outside = trainable - set(plan.optimized)
     found: list[str] = []
     named: set[str] = set()
 
@@ -426,7 +427,6 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
             found.append(f"the resumed run did not reach the end of step {step}")
             break
         room = rooms.get(step, Room())
-        outside = set(plan.trainable) - set(plan.optimized)
         for problem in (_check_grads(step, _without(got.grads, outside), _without(want_step.grads, outside), tol,
                                      room, []),
                         _check_update(step, got.params, want_step.params or {}, lead.steps[step - 1].params or {},

@@ -23,17 +23,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..core.names import HARMFUL, SEVERITIES
-
-__all__ = ["HARMFUL", "SEVERITIES", "assign", "severity_of"]
-
 #: Parts of a `resume` failure (`checks._check_resume` joins them with "; ") that change no weight: a flag, or an
 #: optimizer that holds more than it did (it costs memory; a held param it then moves fails the resumed update).
 RESUME_WITHOUT_HARM = ("requires_grad after load differs", "the resumed optimizer tracks what it did not")
 
 Row = dict[str, Any]
-
-
 #: How a round trip that raised reads in rows written before the verdict marked it: `<phase>: <Type>: ...`.
 RAISED_TEXT = re.compile(r"^(resume: [a-z ]+|step \d+: [a-z/ ]+): [A-Za-z_][\w.]*: ")
 
