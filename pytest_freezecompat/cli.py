@@ -107,37 +107,24 @@ def _bisect(args: argparse.Namespace) -> int:
 
 
 def _advise(args: argparse.Namespace) -> int:
-    from .advice import nearest
+    from . import advice
+    from .advice import answer, nearest
 
     report = schema.load(args.report)
+    if "workarounds" not in report:  # written before reports carried their advice
+        advice.annotate(report)
     try:
         cells = nearest.select(report["cells"], {axis: getattr(args, axis) for axis in nearest.SETUP_AXES})
     except nearest.NotInReport as exc:
         raise schema.ReportError(f"{args.report}: {exc}") from None
-    for cell in cells:
-        severity = nearest.severity(cell)
-        print(f"{cell['id']}: {severity} ({cell['status']})")
-        if cell["message"].strip():  # its first failing step (steps are joined by " | "), cut to a terminal line
-            why = cell["message"].strip().splitlines()[0].split(" | ")[0]
-            print(f"  why      {why if len(why) <= 160 else why[:156] + ' ...'}")
-        known = cell.get("known_issue") or {}
-        if known.get("expected"):
-            kind = "finding" if known.get("kind") == "finding" else "upstream"
-            pointer = (known.get("links") or [known.get("link") or known.get("reproducer")])[0]
-            fixed = ", ".join(f"{framework} {release}" for framework, release in (known.get("fixed_in") or {}).items())
-            print(f"  known    {known['id']} ({kind})" + (f" {pointer}" if pointer else "")
-                  + (f"; fixed in {fixed}" if fixed else ""))
-        elif severity in nearest.RED:
-            print("  known    no known issue or finding explains it")
-        if severity in nearest.SAFE:
-            continue
-        alternatives = nearest.nearest_safe(cell, report["cells"])
-        for index, found in enumerate(alternatives):
-            change = ", ".join(f"{axis} {old or '-'} -> {new}" for axis, old, new in found.changes)
-            print(f"  {'instead' if index == 0 else '':8} {change}: {found.cell} ({found.severity})")
-        if not alternatives:
-            print(f"  instead  no safe setup of {cell['model']} with {cell['freeze']} frozen on {cell['framework']} "
-                  "in this report")
+    if len(cells) == 1:
+        print("\n".join(answer.lines(cells[0])))
+        return 0
+    print(answer.overview(cells))
+    for group in answer.alike([cell for cell in cells if nearest.severity(cell) not in nearest.SAFE]):
+        print("\n".join(answer.lines(group[0])))
+        if len(group) > 1:
+            print(f"  same in     {', '.join(answer.setup(cell) for cell in group[1:])}")
     return 0
 
 
@@ -178,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     advise_cmd.add_argument("--plugin", required=True)
     advise_cmd.add_argument("--freeze", required=True, metavar="PATTERN")
     advise_cmd.add_argument("--release", help="the framework's release (default: the report's newest)")
-    advise_cmd.add_argument("--checkpoint", default="none", help="activation checkpointing (default: none)")
-    advise_cmd.add_argument("--init", default="eager", help="(default: eager)")
-    advise_cmd.add_argument("--clip", default="clip", help="clip or no-clip (default: clip)")
+    advise_cmd.add_argument("--checkpoint", help="activation checkpointing (default: every mode the report ran)")
+    advise_cmd.add_argument("--init", help="(default: every init the report ran)")
+    advise_cmd.add_argument("--clip", help="clip or no-clip (default: both where the report ran both)")
     advise_cmd.add_argument("--model", help="(default: the one model the report has for the framework)")
     advise_cmd.add_argument("--report", default="reports/matrix.json", help="(default: reports/matrix.json)")
     advise_cmd.set_defaults(func=_advise)

@@ -44,7 +44,7 @@ def test_newer_release_first():
         row(release="0.10.0")["id"], row(release="0.5.0")["id"]]
 
 
-def test_only_the_same_model_pattern_and_framework_and_no_user_model():
+def test_only_the_same_model_pattern_and_framework_and_a_user_model_apart():
     other = [row(framework="torch", release="2.9.0"), row(model="tiny-llama", plugin="gemini-auto"),
              row(freeze="decoder", plugin="gemini-auto"), {**row(plugin="gemini-auto"), "user_model": True}]
     assert nearest_safe(RED, other) == []
@@ -66,8 +66,10 @@ def test_coverage_counts_red_cells_with_a_safe_cell_one_axis_away():
              row("fail", "silent", freeze="decoder"), row(freeze="decoder", plugin="x", init="lazy"),  # two away
              row("error", "refused", freeze="output"),                            # nothing safe at all
              row("fail", "costly", freeze="bias-only"),                           # not red
-             {**row("error", "refused", freeze="all"), "user_model": True}]       # ignored
-    assert coverage(cells) == (1, 3)
+             {**row("error", "refused", freeze="all"), "user_model": True},       # a user's: counted, nothing safe
+             {**row("error", "refused", freeze="lora"), "user_model": True},      # its only alternative is
+             {**row(freeze="lora", plugin="ddp"), "user_model": True}]            # ... a user cell: covered
+    assert coverage(cells) == (2, 5)
 
 
 def test_select_defaults_to_the_newest_release_and_the_one_model():

@@ -40,19 +40,47 @@ def test_a_red_setup_gets_its_reason_its_known_issue_and_the_nearest_safe_setups
     assert cli(["advise", "--framework", "colossalai", "--plugin", "gemini", "--freeze", "lora", "--release", "0.4.7",
                 "--init", "lazy", "--report", report]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "tiny-gpt/colossalai@0.4.7/gemini/lazy/none/lora: silent (fail)",
-        "  why      requires_grad changed by wrapping: lora_a",
-        "  known    colossalai-lazy-init-requires-grad (upstream) https://github.com/hpcaitech/ColossalAI/issues/1; "
-        "fixed in colossalai 0.4.8",
-        "  instead  init lazy -> eager: tiny-gpt/colossalai@0.4.7/gemini/eager/none/lora (ok)",
-        "           plugin gemini -> gemini-auto: tiny-gpt/colossalai@0.4.7/gemini-auto/lazy/none/lora (ok)",
+        "tiny-gpt/colossalai@0.4.7/gemini/lazy/none/lora: SILENT (fail): no error, yet the weights are wrong (a held "
+        "param moves, a trained one learns wrongly or not at all, a resume loses state)",
+        "  why         requires_grad changed by wrapping: lora_a",
+        "  known       colossalai-lazy-init-requires-grad (upstream) https://github.com/hpcaitech/ColossalAI/issues/1",
+        "  fixed in    colossalai 0.4.8",
+        "  workaround  release>=0.4.8 (upgrade colossalai to 0.4.8 or later): holds here: "
+        "tiny-gpt/colossalai@0.5.0/gemini/lazy/none/lora",
+        "  instead     init lazy -> eager: tiny-gpt/colossalai@0.4.7/gemini/eager/none/lora (ok)",
+        "              plugin gemini -> gemini-auto: tiny-gpt/colossalai@0.4.7/gemini-auto/lazy/none/lora (ok)",
     ]
+
+
+def test_every_setup_of_a_box_when_none_is_named_the_bad_ones_in_full(report, capsys):
+    assert cli(["advise", "--framework", "colossalai", "--plugin", "gemini", "--freeze", "lora", "--release", "0.4.7",
+                "--report", report]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("colossalai 0.4.7 · gemini · freeze lora: 3 setups: 1 silent, 2 ok; the bad ones all have "
+                      "checkpoint=none, init=lazy; each bad one below")
+    assert out[1].startswith("tiny-gpt/colossalai@0.4.7/gemini/lazy/none/lora: SILENT (fail)")
+    assert not any(line.startswith("tiny-gpt/colossalai@0.4.7/gemini/eager/") for line in out)  # safe: counted only
 
 
 def test_the_newest_release_by_default(report, capsys):
     assert cli(["advise", "--framework", "colossalai", "--plugin", "gemini", "--freeze", "lora", "--init", "lazy",
                 "--report", report]) == 0
-    assert capsys.readouterr().out == "tiny-gpt/colossalai@0.5.0/gemini/lazy/none/lora: ok (pass)\n"
+    assert capsys.readouterr().out == "tiny-gpt/colossalai@0.5.0/gemini/lazy/none/lora: OK (pass): every check held\n"
+
+
+def test_advise_as_a_user_runs_it(pytester, report):
+    """The installed console script, from another directory: the answer on stdout, a bad value in one line."""
+    script = str(Path(sys.executable).with_name("freezecompat"))  # the environment's console script
+    done = pytester.run(script, "advise", "--framework", "colossalai", "--plugin", "gemini", "--freeze",
+                        "lora", "--release", "0.4.7", "--init", "lazy", "--report", report)
+    assert done.ret == 0
+    assert done.outlines[0].startswith("tiny-gpt/colossalai@0.4.7/gemini/lazy/none/lora: SILENT (fail)")
+    assert "  instead     init lazy -> eager: tiny-gpt/colossalai@0.4.7/gemini/eager/none/lora (ok)" in done.outlines
+    wrong = pytester.run(script, "advise", "--framework", "colossalai", "--plugin", "gemni", "--freeze",
+                         "lora", "--release", "0.4.7", "--report", report)
+    assert wrong.ret == 2 and wrong.outlines == []
+    assert wrong.errlines == [f"freezecompat: {report}: no plugin 'gemni' for colossalai 0.4.7; it has: gemini, "
+                              "gemini-auto"]
 
 
 @pytest.mark.parametrize(("args", "error"), [
@@ -80,7 +108,10 @@ def test_the_published_report_answers_lora_on_gemini_0_3_4():
                           cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "tiny-gpt/colossalai@0.3.4/gemini/eager/none/lora: refused (error)"
-    assert any(line.startswith("  known    colossalai-gemini-frozen-param-hook (upstream)")
-               and line.endswith("fixed in colossalai 0.3.5") for line in lines)
-    assert any(line.startswith("  instead  plugin gemini -> ") for line in lines)
+    assert lines[0].startswith("colossalai 0.3.4 · gemini · freeze lora: ")
+    assert "tiny-gpt/colossalai@0.3.4/gemini/eager/non-reentrant/lora: REFUSED (error): the stack raised or hung: " \
+           "loud, the user knows" in lines
+    assert "  same in     checkpoint=none init=eager clip=clip, checkpoint=reentrant init=eager clip=clip" in lines
+    assert any(line.startswith("  known       colossalai-gemini-frozen-param-hook (upstream)") for line in lines)
+    assert "  fixed in    colossalai 0.3.5" in lines
+    assert any(line.startswith("  workaround  ") and ": holds here: " in line for line in lines)

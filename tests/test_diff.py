@@ -86,6 +86,9 @@ def test_cli_exit_codes(tmp_path, capsys):
     ('{"schema": 2, "cells": [], "environments": {}}', "report schema 2, this tool reads schema 1"),
     ("{not json", "not a matrix report (invalid JSON"),
     ('{"schema": 1, "cells": [{"id": "x"}], "environments": {}}', "corrupt report (cell x: field model: missing)"),
+    ('{"schema": 1, "cells": [], "environments": {}, "workarounds": 3}', "corrupt report (workarounds must be a list)"),
+    ('{"schema": 1, "cells": [], "environments": {}, "workarounds": [{"entry": "e"}]}',
+     "corrupt report (workarounds[0]: field workaround: missing)"),
 ])
 def test_cli_refuses_foreign_and_corrupt_reports_in_one_line(tmp_path, capsys, content, message):
     old, _ = reports()

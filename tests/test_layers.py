@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "core": set(),
     "spec": set(),
     "verdict": set(),
-    "report": {"verdict"},  # downstream of the verdict: its pure severity rule, for rows written before the field
+    "report": {"verdict", "advice"},  # downstream of both: severities of older rows, the advice every report shows
     "options": set(),  # the plugin's settings, resolved before anything is collected
     "controller": {"spec", "verdict", "report", "options"},
     "models": set(),

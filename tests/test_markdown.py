@@ -85,8 +85,8 @@ def test_one_mark_per_grid_cell_and_one_table_per_checkpoint_mode():
             for mark in row:
                 assert sum(mark.count(s) for s in SYMBOLS) + (mark == markdown.ABSENT) == 1, mark
     composer = section(md, "### composer grids")
-    assert "**checkpoint `none`**" in composer  # the first mode open, the others folded
-    assert composer.count("<details><summary>checkpoint <code>") == 2 * 3
+    assert "**activation checkpointing `none`**" in composer  # the first mode open, the others folded
+    assert composer.count("<details><summary>activation checkpointing <code>") == 2 * 3
 
 
 def test_tables_stay_narrow_at_real_size():
@@ -194,7 +194,8 @@ def test_order_follows_the_matrix_files_axes():
     md = markdown.render(write.build({"torch": {**ENV, "axes": axes}}, cells))
     assert md.index("### torch\n") < md.index("### colossalai\n") < md.index("### torch grids")
     torch = section(md, "### torch grids")
-    assert torch.index("**checkpoint `none`**") < torch.index("<details><summary>checkpoint <code>reentrant</code>")
+    assert torch.index("**activation checkpointing `none`**") < torch.index(
+        "<details><summary>activation checkpointing <code>reentrant</code>")
     assert "| freeze | fsdp2 | ddp |\n|---|---|---|\n| none | ✅ | ✅ |\n| lora | ✅ | ✅ |\n| embedding |" in torch
 
 
@@ -204,7 +205,8 @@ def test_the_report_opens_with_how_bad_per_release_silent_first():
              cell(freeze="output", status="fail", failures=harm, known_issue={"id": "x", "expected": True}),
              cell()]
     md = markdown.render(write.build({"torch": ENV}, cells))
-    assert md.index("## How bad, per framework release") < md.index("## Summary")
+    assert md.index("[guide.md](guide.md)") < md.index("## How bad, per framework release") < md.index(
+        "## Raw statuses and causes")
     table = section(md, "## How bad, per framework release")
     assert "| framework release | silent | refused | costly | differs | harness | ok | skipped |" in table
     assert "| torch | 2 | 1 | 0 | 0 | 0 | 1 | 0 | 2 | 4 |" in table  # the known silent cell is still silent

@@ -35,9 +35,9 @@ def test_markdown_gives_each_checkpoint_mode_its_own_table():
     cells = [cell(status="pass", emulation=True), cell(status="fail", emulation=True, check="grads", message="no grad")]
     cells[1]["id"], cells[1]["checkpoint"] = "tiny-gpt/torch/ddp/eager/reentrant/none", "reentrant"
     md = markdown.render(write.build(ENVS, cells))
-    assert "**checkpoint `none`** — 1 ✅\n\n| freeze | ddp |\n|---|---|\n| none | ✅ |\n" in md
-    assert ("<details><summary>checkpoint <code>reentrant</code> — 1 ❌</summary>\n\n| freeze | ddp |\n|---|---|\n"
-            "| none | ❌ |\n\n</details>") in md
+    assert "**activation checkpointing `none`** — 1 ✅\n\n| freeze | ddp |\n|---|---|\n| none | ✅ |\n" in md
+    assert ("<details><summary>activation checkpointing <code>reentrant</code> — 1 ❌</summary>\n\n"
+            "| freeze | ddp |\n|---|---|\n| none | ❌ |\n\n</details>") in md
     assert "every plugin here ran on CPU behind a CUDA-on-CPU shim, so the grids do not mark it" in md
     assert "- ❌ **fail** `grads` — 1 cell(s): plugin ddp · freeze none · checkpoint reentrant — no grad" in md
 

@@ -209,7 +209,7 @@ def test_every_framework_of_the_default_matrix_runs_without_clipping_where_the_p
     cells = plan(loaded, Selection({}), world_size=2, device="cpu", importable=lambda module: None)
     for framework in loaded.frameworks:
         unclipped = {c.key.freeze for c in cells if c.key.framework == framework and c.key.clip == "no-clip"}
-        assert {"none", "embedding", "all-but-last"} <= unclipped <= {"none", "embedding", "all-but-last",
-                                                                       "unused-branch"}, framework
+        assert {"none", "embedding", "all-but-last"} <= unclipped <= {
+            "none", "embedding", "all-but-last", "unused-branch", "unused-branch-frozen"}, framework
     assert all(c.hyper.max_norm == 0 and not c.hyper.clips for c in cells if c.key.clip == "no-clip")
     assert all(c.hyper.clips for c in cells if c.key.clip == "clip")

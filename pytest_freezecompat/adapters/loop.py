@@ -173,6 +173,9 @@ def save(ctx: RunContext, loop: Resumable, folder: Path, step: int) -> bool:
         if isinstance(exc, INTERPRETER_EXITS):
             raise
         ctx.probe.save_failed(loop.save_api, step, exc)
+        # a peer may still be inside the stack's collectives: should this rank wait forever below, the hang
+        # report shows why it left the save
+        ctx.probe.phase(f"resume: save raised {type(exc).__name__}: {str(exc)[:120]}; waiting for the other ranks")
         saved = False
     return all(_every_rank(ctx, saved))
 

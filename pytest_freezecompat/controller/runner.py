@@ -197,7 +197,7 @@ class MatrixRun:
             frameworks = {fw.name: fw.import_name for fw in self.spec.frameworks.values() if fw.release_in(name)}
             axes = {axis: self.spec.values(axis) for axis in KEY_AXES}
             self._environment_info[name] = schema.environment_info(
-                frameworks, self.device, self.backend, axes=axes,
+                frameworks, self.device, self.backend, axes=axes, words=self.spec.words(list(frameworks)),
                 run=schema.run_info(self.options.command, self.options.rootdir))
         return self._environment_info[name]
 

@@ -7,7 +7,8 @@ reads it to refuse, at load time, a plugin, init or checkpoint value the adapter
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from .names import import_ref
 
@@ -21,6 +22,9 @@ class AdapterDeclaration:
     implementation: str
     #: `module:name` of its CUDA-on-CPU shim (an `adapters.emulation.Shim`), if it has one.
     emulation: str | None = None
+    #: Plain words for a plugin, init or checkpoint value: what a user writes in their own code to get it
+    #: (`fsdp1` -> "FSDP(use_orig_params=False)"), shown beside the value in every report and in `advise`.
+    words: Mapping[str, str] = field(default_factory=dict)
 
     def offers(self, axis: str) -> tuple[str, ...]:
         return {"plugin": self.plugins, "init": self.init, "checkpoint": self.checkpoint}[axis]

@@ -38,6 +38,17 @@ LOOP_CONVENTIONS = (CANONICAL_LOOP, MODEL_ZERO_GRAD_LOOP, CLIP_OPTIMIZED_LOOP)
 #: with them in this order. Red is `silent` or `refused` only.
 SEVERITIES = ("silent", "refused", "costly", "differs", "harness", "ok", "skipped")
 HARMFUL = ("silent", "refused")
+#: What each severity means for the user, in the words every report uses (`verdict.severity`): the report's
+#: glossary, its filter labels and `advise`.
+SEVERITY_MEANING = {
+    "silent": "no error, yet the weights are wrong (a held param moves, a trained one learns wrongly or not at all, "
+              "a resume loses state)",
+    "refused": "the stack raised or hung: loud, the user knows",
+    "costly": "the weights are right, but the stack pays for frozen params (its optimizer holds them) or a flag "
+              "changed without reaching a weight",
+    "differs": "passes: only what reaches no weight differs from the canonical loop, under another correct loop",
+    "harness": "our own code failed: says nothing about the stack",
+    "ok": "every check held", "skipped": "not run (a one-line reason says why)"}
 #: The freeze-pattern group that stands for every parameter of a model.
 ALL_GROUP = "all"
 

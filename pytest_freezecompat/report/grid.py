@@ -29,16 +29,6 @@ CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / n
               "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
               "harness": "our own harness (or a user's freeze_case function) raised: says nothing about the stack"}
 _KEY_FIELDS = ("framework", "model", "init", "clip", "freeze", "plugin", "checkpoint")
-#: What each severity means for the user, in the words every report uses (`verdict.severity`).
-SEVERITY_HELP = {
-    "silent": "no error, yet the weights are wrong (a held param moves, a trained one learns wrongly or not at all, "
-              "a resume loses state)",
-    "refused": "the stack raised or hung: loud, the user knows",
-    "costly": "the weights are right, but the stack pays for frozen params (its optimizer holds them) or a flag "
-              "changed without reaching a weight",
-    "differs": "passes: only what reaches no weight differs from the canonical loop, under another correct loop",
-    "harness": "our own code failed: says nothing about the stack",
-    "ok": "every check held", "skipped": "not run (a one-line reason says why)"}
 
 
 def severity(cell: Cell) -> str:
@@ -120,6 +110,19 @@ def axis_order(report: dict[str, Any]) -> Order:
             if isinstance(values, list):
                 order.setdefault(axis, {}).update(dict.fromkeys(v for v in values if isinstance(v, str)))
     return {axis: list(values) for axis, values in order.items()}
+
+
+def words(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Plain words per axis value, from every environment that recorded them (`spec.Spec.words`); a value two
+    frameworks name alike (`ddp`) reads as the first environment says."""
+    found: dict[str, dict[str, str]] = {}
+    for info in report.get("environments", {}).values():
+        for axis, values in (info.get("words") or {}).items():
+            if isinstance(values, dict):
+                for value, text in values.items():
+                    if isinstance(text, str):
+                        found.setdefault(axis, {}).setdefault(value, text)
+    return found
 
 
 def distinct(cells: Iterable[Cell], field: str, order: Order | None = None) -> tuple[str, ...]:

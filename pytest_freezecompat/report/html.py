@@ -22,7 +22,9 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from ..core.names import LATER_AXES, SEVERITIES, clip
+from ..advice.answer import change_text
+from ..advice.workarounds import label
+from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -44,13 +46,17 @@ NOTE_CHARS = 240
 NOTE_IDS = 4
 #: Positional rows of the embedded records, by shape. Kinds: s string, v JSON value, S list of strings,
 #: t text (tail, by line), r command line (by argument), k known-issue entry, [x] list of shape x, x shape x.
+#: `instead`: a red cell's nearest safe setups; `workarounds`: its entry's, each with the cell that proves it or not.
 SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
     "cell": (("id", "s"), ("model", "s"), ("framework", "s"), ("plugin", "s"), ("init", "s"), ("checkpoint", "s"),
              ("freeze", "s"), ("clip", "s"), ("environment", "s"), ("status", "s"), ("display", "s"), ("cause", "s"),
              ("check", "s"), ("emulation", "v"), ("precision", "s"), ("world_size", "v"), ("duration_s", "v"),
              ("grad_access", "s"), ("grad_norm_source", "s"), ("resume", "s"), ("resume_api", "s"), ("message", "s"),
              ("notes", "S"), ("severity", "s"), ("convention", "s"), ("differences", "S"),
-             ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]")),
+             ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]"),
+             ("instead", "[instead]"), ("workarounds", "[workaround]")),
+    "instead": (("change", "s"), ("cell", "s"), ("severity", "s")),
+    "workaround": (("workaround", "s"), ("says", "s"), ("proof", "s"), ("holds", "s")),
     "failure": (("check", "s"), ("step", "v"), ("message", "s"), ("params", "S")),
     "rank": (("rank", "v"), ("phase", "s"), ("error", "error"), ("exit", "s"), ("traceback", "t"), ("stack", "t"),
              ("log_tail", "t"), ("emulated", "S")),
@@ -113,7 +119,8 @@ class _Payload:
     def issue(self, known: dict[str, Any]) -> int:
         entry = {"id": known["id"], "summary": known.get("summary", ""), "links": grid.links(known),
                  "expected": bool(known.get("expected")), "fixed": bool(known.get("fixed")),
-                 "kind": known.get("kind", "upstream"), "reproducer": known.get("reproducer", "")}
+                 "kind": known.get("kind", "upstream"), "reproducer": known.get("reproducer", ""),
+                 "no_workaround": known.get("no_workaround", "")}
         return self.issues.setdefault(json.dumps(entry, sort_keys=True), len(self.issues))
 
     def value(self, value: Any, kind: str) -> Any:
@@ -141,7 +148,14 @@ class _Payload:
     def encode(self, cells: list[dict[str, Any]], plugins: tuple[str, ...]) -> dict[str, Any]:
         """`plugins`: the page's plugin columns, by the index their `data-p` attribute holds."""
         rows = [self.row({**cell, "display": display_status(cell), "resume": grid.round_trip(cell),
-                          "severity": grid.severity(cell)}, "cell") for cell in cells]
+                          "severity": grid.severity(cell),
+                          "instead": [{**found, "change": change_text(found["changes"])}
+                                      for found in cell.get("instead") or []],
+                          "workarounds": [{**proof, "holds": "another loop" if proof.get("severity") == "differs"
+                                           else "at a cost" if proof.get("severity") == "costly"
+                                           else "blocked by " + proof["blocked_by"] if proof.get("blocked_by")
+                                           else HOLDS[proof["holds"]]}
+                                          for proof in cell.get("workarounds") or []]}, "cell") for cell in cells]
         return {"shapes": SHAPES, "strings": list(self.strings), "texts": [list(t) for t in self.texts],
                 "issues": [json.loads(i) for i in self.issues], "plugins": plugins, "cells": rows}
 
@@ -156,6 +170,12 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
 
 
+#: A filter's label in plain words (the axis's own name where it is already plain).
+FILTER_NAMES = {"severity": "how bad", "framework": "framework release", "plugin": "wrapper (plugin)",
+                "freeze": "what is frozen", "clip": "clipping", "status": "raw status", "cause": "why red",
+                "resume": "save → load"}
+#: A workaround on a cell, as the page reads it (an empty or false value is dropped from the payload).
+HOLDS = {True: "holds", False: "broken", None: "unproved"}
 #: The registry's word on a square is a badge on its severity colour, never a colour that hides the harm.
 REGISTRY_BADGES = {"known": " kn", "fixed?": " fx"}
 
@@ -187,8 +207,22 @@ def _section(section: grid.Section, index: dict[str, int], plugin_index: dict[st
             "untied": section.untied}
 
 
-def _known_issues(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each registry entry that matched cells, in first-matched order, with its cells by display status."""
+def _workarounds(issue_id: str, known: dict[str, Any], table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry's workarounds: what each says, and its state per release as the run proved it."""
+    says = {label(w): w["says"] for w in known.get("workarounds") or []}
+    views: dict[str, dict[str, Any]] = {}
+    for row in table:
+        if row["entry"] == issue_id:
+            view = views.setdefault(row["workaround"], {"workaround": row["workaround"], "releases": [],
+                                                        "says": says.get(row["workaround"], "upgrade")})
+            view["releases"].append({"release": row["release"], "state": row["state"], "held": row["held"],
+                                     "judged": row["held"] + row["not_held"]})
+    return list(views.values())
+
+
+def _known_issues(cells: list[dict[str, Any]], table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each registry entry that matched cells, in first-matched order, with its cells by display status and its
+    workarounds' states per release."""
     views = []
     for issue_id, (known, mine) in grid.known_issues(cells).items():
         counts = Counter(map(display_status, mine))
@@ -197,7 +231,9 @@ def _known_issues(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "other": ", ".join(f"{n} {s}" for s, n in counts.items() if s not in ("known", "fixed?")),
                       "fixed_in": ", ".join(f"{name} {release}" for name, release in
                                             (known.get("fixed_in") or {}).items()),
-                      "narrow": sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine)})
+                      "narrow": sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine),
+                      "workarounds": _workarounds(issue_id, known, table),
+                      "no_workaround": known.get("no_workaround", "")})
     return views
 
 
@@ -274,8 +310,9 @@ def render(report: dict[str, Any]) -> str:
         css=_asset("report.css"), js=_asset("report.js"), data=_json_for_script(_Payload().encode(cells, plugins)),
         run=_run(report["environments"]), environments=_environments(report["environments"]), filters=filters,
         sections=views, totals=totals, statuses=grid.DISPLAY_STATUSES, causes=grid.CAUSES, glyphs=GLYPHS,
-        round_trips=grid.ROUND_TRIPS, severities=SEVERITIES, severity_help=grid.SEVERITY_HELP,
+        round_trips=grid.ROUND_TRIPS, severities=SEVERITIES, severity_help=SEVERITY_MEANING,
+        filter_names=FILTER_NAMES, words=grid.words(report),
         display_help=DISPLAY_HELP, cause_help=grid.CAUSE_HELP, css_class=_css_class,
-        known_issues=_known_issues(cells), notes=_notes(cells),
+        known_issues=_known_issues(cells, report.get("workarounds") or []), notes=_notes(cells),
         across_releases=releases.across_releases(rows, report.get("bisections") or []),
         retried=len(grid.rendezvous_retried(cells)))

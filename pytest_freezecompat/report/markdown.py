@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from ..core.names import LATER_AXES, SEVERITIES, clip
+from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -27,7 +27,7 @@ EMULATION_MARK = "ᴱ"
 REGISTRY_MARKS = {"known": "ᴷ", "fixed?": "ᶠ"}
 #: Why a red cell is red, compared with its column's nothing-frozen control.
 CAUSE_MARKS = {"freeze": "❄", "stack": "ˢ", "both": "ᵇ", "harness": "ʰ"}
-#: After a cell's mark: its model-checkpoint round trip failed (the `resume` check).
+#: After a cell's mark: its save → load round trip failed (the `resume` check).
 RESUME_MARK = "↺"
 _CAUSE_SHORT = {"freeze": "freezing", "stack": "the stack (red with nothing frozen too)", "both": "both",
                 "harness": "our harness or a user's freeze_case raised (says nothing about the stack)"}
@@ -89,7 +89,7 @@ def _legend() -> str:
     return (f"**Legend** — {statuses} · {ABSENT} not in the matrix; red is fail, error, timeout or crash. After a "
             f"red mark, why, against its column's nothing-frozen control: {causes}. {REGISTRY_MARKS['known']} a "
             f"known upstream issue explains it (an xfail) · {REGISTRY_MARKS['fixed?']} passed though a known issue "
-            f"expects it to fail (the entry may be stale). {RESUME_MARK} its model-checkpoint round trip failed "
+            f"expects it to fail (the entry may be stale). {RESUME_MARK} its save → load round trip failed "
             f"(check `resume`: saved after step 0, loaded into a fresh model, it did not go on as the uninterrupted "
             f"run). {EMULATION_MARK} on a plugin: it ran on CPU behind a CUDA-on-CPU shim (emulation).")
 
@@ -107,7 +107,7 @@ def _counts(sections: list[grid.Section]) -> list[str]:
              *(str(section.counts[t]) for t in trips)]) + f" | {section.cells} |")
     return [*lines, "", "Raw statuses; `known` / `fixed?`: how many of them the known-issue registry explains / flags; "
                         + ", ".join(f"{CAUSE_MARKS[c]} {c}" for c in grid.CAUSES) + ": red cells by cause, known ones "
-                        f"included; {RESUME_MARK} / {RESUME_MARK}✓: cells whose model-checkpoint round trip failed / "
+                        f"included; {RESUME_MARK} / {RESUME_MARK}✓: cells whose save → load round trip failed / "
                         "held (a refusal or a run that raised has none)."]
 
 
@@ -122,7 +122,7 @@ def _harm(sections: list[grid.Section]) -> list[str]:
     total = sum((s.severities for s in sections), Counter())
     lines.append("| **all** | " + " | ".join(f"**{total[v]}**" for v in SEVERITIES)
                  + f" | **{sum(s.untied for s in sections)}** | **{sum(s.cells for s in sections)}** |")
-    words = "; ".join(f"**{v}**: {grid.SEVERITY_HELP[v]}" for v in SEVERITIES)
+    words = "; ".join(f"**{v}**: {SEVERITY_MEANING[v]}" for v in SEVERITIES)
     return [*lines, "", f"{words}. Red is `silent` or `refused` only. *Red not explained*: red cells that no "
                         "registry entry or finding explains (a `silent` cell an entry explains is still `silent`)."]
 
@@ -191,32 +191,38 @@ def _known(known: dict[str, Any]) -> str:
 
 
 def _plugin_table(section: grid.Section, cells: list[Cell], marked: set[str]) -> list[str]:
-    """Per plugin: how its cells ended. Every cell is in exactly one column, so a row adds up to `cells`."""
-    kinds = [k for k in _KINDS if k != "fixed?" or any(_kind(c) == k for c in cells)]
-    heads = {"pass": "✅ pass", "fixed?": "✅ᶠ fixed?", "known": "ᴷ known", "red": "red", "skip": "⏭️ skip"}
-    lines = ["| plugin | cells | " + " | ".join(heads[k] for k in kinds) + " |", "|---" * (len(kinds) + 2) + "|"]
+    """Per plugin: how bad its cells are, in the columns of the first table; each row adds up to `cells`."""
+    shown = [v for v in SEVERITIES if section.severities[v]]
+    lines = ["| plugin | " + " | ".join(shown) + " | cells |", "|---" * (len(shown) + 2) + "|"]
     for plugin in section.plugins:
-        counts = Counter(_kind(c) for c in cells if c["plugin"] == plugin)
-        lines.append(f"| {_inline(plugin)}{EMULATION_MARK if plugin in marked else ''} | {counts.total()} | "
-                     + " | ".join(str(counts[k]) for k in kinds) + " |")
+        counts = Counter(grid.severity(c) for c in cells if c["plugin"] == plugin)
+        lines.append(f"| {_inline(plugin)}{EMULATION_MARK if plugin in marked else ''} | "
+                     + " | ".join(str(counts[v]) for v in shown) + f" | {counts.total()} |")
     return lines
 
 
 def _works_and_breaks(section: grid.Section, cells: list[Cell]) -> list[str]:
-    """What a user deciding on a stack asks: which freeze patterns are safe, which break with no known reason."""
+    """What a user deciding on a stack asks: what is safe wherever it ran, and where is the silent harm (a known
+    issue explains a cell; it never makes it safe)."""
     freezes = tuple(dict.fromkeys(row.freeze for block in section.blocks for row in block.rows))
     ran = [c for c in cells if c["status"] != "skip"]
-    green = [f for f in freezes if (mine := [c for c in ran if c["freeze"] == f]) and
-             all(c["status"] == "pass" for c in mine)]
-    clean = [p for p in section.plugins if any(c["plugin"] == p for c in ran)
-             and not any(c["plugin"] == p and _kind(c) == "red" for c in cells)]
-    works = [f"every cell that ran passed for freeze {_names(green)}" if green else "",
-             f"no red cell outside known issues under {_names(clean)}" if clean else ""]
-    lines = [f"- ✅ **Works**: {'; '.join(filter(None, works)) or 'no freeze pattern and no plugin is free of red'}."]
+    safe = ("ok", "differs")
+    green = [f for f in freezes if (mine := [c for c in ran if c["freeze"] == f])
+             and all(grid.severity(c) in safe for c in mine)]
+    clean = [p for p in section.plugins if (mine := [c for c in ran if c["plugin"] == p])
+             and all(grid.severity(c) in safe for c in mine)]
+    works = [f"freeze {_names(green)} under every plugin" if green else "",
+             f"every freeze pattern under {_names(clean)}" if clean else ""]
+    lines = [f"- ✅ **Safe wherever it ran**: {'; '.join(filter(None, works)) or 'no freeze pattern and no plugin'}."]
+    silent = [c for c in cells if grid.severity(c) == "silent"]
+    if silent:
+        patterns = [f for f in freezes if any(c["freeze"] == f for c in silent)]
+        lines.append(f"- 🟥 **Silent harm** ({len(silent)} cells) with freeze {_names(patterns)}: the "
+                     f"[guide](guide.md#{_guide_anchor(section.framework)}) says when and what to do instead.")
     red = [c for c in cells if _kind(c) == "red"]
     if not red:
-        return [*lines, "- ❌ **Breaks**: nothing outside known issues."]
-    lines.append("- ❌ **Breaks**, with no known issue to explain it:")
+        return [*lines, "- ❌ **Not explained**: no red cell lacks a known issue or finding."]
+    lines.append("- ❌ **Not explained** by a known issue or finding:")
     for freeze in freezes:
         mine = [c for c in red if c["freeze"] == freeze]
         if mine:
@@ -226,6 +232,11 @@ def _works_and_breaks(section: grid.Section, cells: list[Cell]) -> list[str]:
             lines.append(f"  - `{_inline(freeze)}`{' ' * bool(causes)}{causes} — {len(mine)} of {total} cells, under "
                          f"{_names(plugins)}")
     return lines
+
+
+def _guide_anchor(framework_release: str) -> str:
+    """guide.md's heading for `colossalai@0.4.7` is `colossalai 0.4.7`."""
+    return framework_release.replace("@", "-").replace(".", "")
 
 
 def _issue_tally(cells: list[Cell]) -> str:
@@ -299,7 +310,7 @@ def _access(access: tuple[grid.GradAccess, ...]) -> list[str]:
         ways[(a.grad, a.norm, a.save)].append(a.plugin)
     return ["", "<details><summary>Where a user reads the full grad of a trainable param and the clip norm, and "
                 "how the <code>resume</code> check saved and loaded the model</summary>", "",
-            *(f"- {_names(plugins)}: `{_inline(grad)}`; clip norm: {_inline(norm)}; model checkpoint: `{_inline(save)}`"
+            *(f"- {_names(plugins)}: `{_inline(grad)}`; clip norm: {_inline(norm)}; save / load: `{_inline(save)}`"
               for (grad, norm, save), plugins in ways.items()), "", "</details>"]
 
 
@@ -320,11 +331,11 @@ def _grids(section: grid.Section) -> list[str]:
             if not cells:
                 continue
             if not opened:
-                lines += ["", f"**checkpoint `{_inline(checkpoint)}`** — {_tally(cells)}", "", *table]
+                lines += ["", f"**activation checkpointing `{_inline(checkpoint)}`** — {_tally(cells)}", "", *table]
                 opened = True
             else:
-                lines += ["", f"<details><summary>checkpoint <code>{escape(checkpoint)}</code> — {_tally(cells)}"
-                              "</summary>", "", *table, "", "</details>"]
+                lines += ["", f"<details><summary>activation checkpointing <code>{escape(checkpoint)}</code> — "
+                              f"{_tally(cells)}</summary>", "", *table, "", "</details>"]
     return lines + _access(section.grad_access)
 
 
@@ -374,8 +385,21 @@ def _notes(section: grid.Section) -> list[str]:
     return lines
 
 
-def _known_issues(cells: list[Cell]) -> list[str]:
-    """Each registry entry the report touches: its links, what the thread says, and its cells by display status."""
+def _workaround_states(rows: list[dict[str, Any]]) -> str:
+    """`plugin=fsdp2`: verified on torch@2.13.0 (6/6), broken on torch@2.8.0 (0/6): one entry's workarounds."""
+    by_workaround: dict[str, list[str]] = {}
+    for row in rows:
+        judged = row["held"] + row["not_held"]
+        blocked = f", {row['blocked']} meet another issue" if row.get("blocked") else ""
+        by_workaround.setdefault(row["workaround"], []).append(
+            f"{row['state']} on {_inline(row['release'])}" + (f" ({row['held']}/{judged} hold{blocked})"
+                                                               if judged or blocked else ""))
+    return "; ".join(f"`{_inline(name)}` {', '.join(states)}" for name, states in by_workaround.items())
+
+
+def _known_issues(cells: list[Cell], workarounds: list[dict[str, Any]]) -> list[str]:
+    """Each registry entry the report touches: its links, what the thread says, its cells by display status, and
+    its workarounds as the run proved them per release (a broken one shows, like a stale `fixed?`)."""
     issues = grid.known_issues(cells)
     if not issues:
         return []
@@ -390,6 +414,11 @@ def _known_issues(cells: list[Cell]) -> list[str]:
                      + (f" — **fixed in {_inline(fixed)}**" if fixed else "")
                      + (f" — ⚠ range too narrow: {narrow} red cells outside its versions fail as it describes"
                         if narrow else "") + (f" — {links}" if links else ""))
+        proved = [row for row in workarounds if row["entry"] == issue_id]
+        if proved:
+            lines.append(f"  - **Instead**: {_workaround_states(proved)}")
+        elif known.get("no_workaround"):
+            lines.append(f"  - **No workaround known**: {_inline(known['no_workaround'])}")
     return lines
 
 
@@ -432,11 +461,14 @@ def render(report: dict[str, Any]) -> str:
            "Does partial freezing (`requires_grad=False`, or params left out of the optimizer) train correctly "
            "under each distributed stack? Every cell is a real multi-rank run checked against a single-process "
            "reference (requires_grad flags, optimizer-tracked params, grads, clip norm, updates).", "",
-           "## How bad, per framework release", "", *_harm(sections), "",
-           _legend(), "", "## Summary", "", *_counts(sections), "", _retries(cells)]
+           "**What to do instead**: [guide.md](guide.md) — per framework release, what you freeze × how you wrap the "
+           "model: safe, silent harm or refused; for each unsafe box when, why, the fixed-in release and an "
+           "alternative the matrix ran and found safe. `freezecompat advise --framework F --plugin P --freeze X` "
+           "answers one setup.", "",
+           "## How bad, per framework release", "", *_harm(sections), "", _legend()]
     for section in sections:
         out += _framework_summary(section, report)
-    out += ["", "## Grids"]
+    out += ["", "## Raw statuses and causes", "", *_counts(sections), "", _retries(cells), "", "## Grids"]
     for section in sections:
         out += _grids(section)
     out += ["", "## Notes", "",
@@ -445,4 +477,4 @@ def render(report: dict[str, Any]) -> str:
     for section in sections:
         out += _notes(section)
     out += _across_releases(rows, report.get("bisections") or [])
-    return "\n".join([*out, *_known_issues(cells)]) + "\n"
+    return "\n".join([*out, *_known_issues(cells, report.get("workarounds") or [])]) + "\n"

@@ -50,7 +50,16 @@ STRING_OR_NULL = ("string", "null")
 KNOWN_ISSUE = Table(required={"id": "string"},
                     optional={"link": "string", "links": STRINGS, "summary": "string", "expected": "boolean",
                               "fixed": "boolean", "range_too_narrow": "boolean", "versions": Table(),
-                              "fixed_in": Table(), "kind": "string", "reproducer": "string"})
+                              "fixed_in": Table(), "kind": "string", "reproducer": "string",
+                              "workarounds": ListOf(Table(required={"change": Table(), "says": "string"})),
+                              "no_workaround": "string"})
+#: A red cell's nearest safe setups (`advice.annotate`): the cell, its severity, and each (axis, from, to).
+INSTEAD = Table(required={"cell": "string", "severity": "string", "changes": ListOf(ListOf("string"))})
+#: An explained red cell's workarounds (`advice.annotate`): the cell each leads to (null: not in the report) and
+#: whether it is ok there (null: nothing to judge).
+PROOF = Table(required={"workaround": "string", "says": "string"},
+              optional={"proof": STRING_OR_NULL, "holds": ("boolean", "null"), "severity": STRING_OR_NULL,
+                        "blocked_by": STRING_OR_NULL})
 FAILURE = Table(required={"check": "string", "params": STRINGS},
                 optional={"step": "integer", "message": "string", "on_held_params": "boolean",
                           "params_kind": STRING_OR_NULL, "scale": ("number", "null"), "ranks_combine": STRING_OR_NULL,
@@ -68,14 +77,21 @@ CELL = Table(
               "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null"),
               "finished_at": "string", "rendezvous_retries": "integer",
               "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean", "resume_api": "string",
-              "convention": "string", "differences": STRINGS, "severity": "string",
+              "convention": "string", "differences": STRINGS, "severity": "string", "instead": ListOf(INSTEAD),
+              "workarounds": ListOf(PROOF),
               **dict.fromkeys(LATER_AXES, "string")})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's
 #: values in the matrix file's order, so tables follow the file rather than the order cells happened to run in.
+#: `words`: plain words per axis value (plugins, inits, checkpoint modes, freeze patterns) for this environment.
 RUN = Table(optional={"plugin": STRING_OR_NULL, "commit": STRING_OR_NULL, "date": "string", "command": "string"})
+#: The report's `workarounds` table (`advice.workarounds.summary`): one row per entry, workaround and release.
+WORKAROUND_ROW = Table(required={"entry": "string", "workaround": "string", "release": "string", "state": "string",
+                                 "proof": STRINGS},
+                       optional=dict.fromkeys(("held", "not_held", "blocked", "unjudged", "cells"), "integer"))
 ENVIRONMENT = Table(optional={"python": "string", "torch": STRING_OR_NULL, "frameworks": Table(), "device": "string",
-                              "backend": "string", "platform": "string", "run": RUN, "axes": Table()})
+                              "backend": "string", "platform": "string", "run": RUN, "axes": Table(),
+                              "words": Table()})
 
 
 class ReportError(ValueError):
@@ -94,7 +110,8 @@ def distribution_version(module: str) -> str | None:
 
 
 def environment_info(frameworks: dict[str, str], device: str, backend: str, *,
-                     run: dict[str, Any] | None = None, axes: dict[str, list[str]] | None = None) -> dict[str, Any]:
+                     run: dict[str, Any] | None = None, axes: dict[str, list[str]] | None = None,
+                     words: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
     """Versions that decide the results (python, torch, each framework this environment runs), and optionally
     the run's metadata and the matrix file's axis order."""
     info: dict[str, Any] = {
@@ -109,6 +126,8 @@ def environment_info(frameworks: dict[str, str], device: str, backend: str, *,
         info["run"] = run
     if axes is not None:
         info["axes"] = axes
+    if words is not None:
+        info["words"] = words
     return info
 
 
@@ -217,6 +236,11 @@ def load(path: str | Path) -> dict[str, Any]:
     for name, info in data["environments"].items():
         if found := _problem(info, ENVIRONMENT):
             raise ReportError(f"{path}: corrupt report (environment {name!r}: {_say(found)})")
+    if not isinstance(data.get("workarounds", []), list):
+        raise ReportError(f"{path}: corrupt report (workarounds must be a list)")
+    for index, row in enumerate(data.get("workarounds", [])):
+        if found := _problem(row, WORKAROUND_ROW):
+            raise ReportError(f"{path}: corrupt report (workarounds[{index}]: {_say(found)})")
     for index, cell in enumerate(cells):
         cell_id = cell.get("id") if type(cell) is dict else None
         label = f"cell {cell_id}" if type(cell_id) is str and cell_id.isprintable() else f"cells[{index}]"

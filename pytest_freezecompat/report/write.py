@@ -1,4 +1,4 @@
-"""Write a report directory atomically: matrix.json, matrix.md and matrix.html, never half a file."""
+"""Write a report directory atomically: matrix.json, matrix.md, matrix.html and guide.md, never half a file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import html, markdown
+from .. import advice
+from . import guide, html, markdown
 from .schema import SCHEMA
 
 
@@ -29,9 +30,12 @@ def build(environments: dict[str, Any], cells: list[dict[str, Any]]) -> dict[str
 
 
 def write(directory: Path, report: dict[str, Any]) -> Path:
-    """Write matrix.json, matrix.md and matrix.html into `directory`."""
+    """Write matrix.json, matrix.md, matrix.html and guide.md into `directory`, with the advice computed from its cells
+    (each red cell's nearest safe setups, each workaround's proof), so every format shows the same."""
     directory.mkdir(parents=True, exist_ok=True)
+    advice.annotate(report)
     _atomic_write(directory / "matrix.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
     _atomic_write(directory / "matrix.md", markdown.render(report))
     _atomic_write(directory / "matrix.html", html.render(report))
+    _atomic_write(directory / "guide.md", guide.render(report))
     return directory / "matrix.json"

@@ -32,7 +32,10 @@ from .matrix import DEVICES, Spec, default_spec_path, listing, tomllib, unselect
 SELECTOR_AXES = tuple(axis for axis in KEY_AXES if axis != "release")
 SELECTOR_KEYS = (*SELECTOR_AXES, "device")
 REQUIRED = ("id", "summary", "links", "when", "versions", "status", "pattern")
-OPTIONAL = ("check", "predicts", "fixed_in", "kind", "reproducer")
+OPTIONAL = ("check", "predicts", "fixed_in", "kind", "reproducer", "workarounds", "no_workaround")
+#: What a workaround may change of a cell it explains: the user keeps their model and framework; `freeze` names a
+#: pattern that applies a recipe (e.g. the idle branch frozen), which the matrix runs like any other.
+WORKAROUND_AXES = ("checkpoint", "clip", "freeze", "init", "plugin")
 #: What an entry is: an upstream report (its thread is the first link), or a **finding** of this matrix that no
 #: upstream thread describes yet: its summary states the mechanism from the framework's source (file, function),
 #: and it ships a standalone reproducer (`findings/<id>.py`, the framework alone, no plugin) that a test runs.
@@ -47,6 +50,17 @@ REPRODUCER_RE = re.compile(r"^findings/[a-z0-9][a-z0-9-]*\.py$")
 PREDICTIONS = {"raised_in": ("wrapping", "training"), "params": ("held", "no-grad", "trained"),
                "scale": ("world_size",), "ranks_combine": ("l2",)}
 FILE_NAME = "known_issues.toml"
+
+
+@dataclass(frozen=True)
+class Workaround:
+    """Another value of one or more axes (`WORKAROUND_AXES`) and what that means in the user's code (`says`)."""
+
+    change: dict[str, str]
+    says: str
+
+    def describe(self) -> dict[str, Any]:
+        return {"change": dict(self.change), "says": self.says}
 
 
 class KnownIssueError(ValueError):
@@ -70,6 +84,10 @@ class Entry:
     kind: str = "upstream"
     #: A finding's standalone script, relative to the repository root (`findings/<id>.py`).
     reproducer: str | None = None
+    #: What to do instead, each proved (or not) by the cell it leads to: `advice.workarounds` checks them.
+    workarounds: tuple[Workaround, ...] = ()
+    #: Why no workaround is known (an entry with neither this, workarounds nor fixed_in is incomplete).
+    no_workaround: str | None = None
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
         """A user's cell is selected by the stack alone (framework, plugin, init, checkpoint, device): its model
@@ -127,7 +145,9 @@ class Entry:
         described = {"id": self.id, "links": list(self.links), "summary": self.summary,
                      "versions": {name: str(spec) for name, spec in self.versions.items()}}
         optional = {"link": self.links[0] if self.links else None, "fixed_in": dict(self.fixed_in),
-                    "kind": self.kind if self.kind != "upstream" else None, "reproducer": self.reproducer}
+                    "kind": self.kind if self.kind != "upstream" else None, "reproducer": self.reproducer,
+                    "workarounds": [workaround.describe() for workaround in self.workarounds],
+                    "no_workaround": self.no_workaround}
         return {**described, **{key: value for key, value in optional.items() if value}}
 
 
@@ -186,6 +206,15 @@ def _check_entry(path: Path, entry: Entry, spec: Spec) -> None:
     unknown = sorted(set(entry.versions) - set(packages))
     if unknown:
         raise error("versions", f"{unknown[0]!r} is not a version a report records; valid: {listing(packages)}")
+    chosen_all = [fw for fw in spec.frameworks.values()
+                  if any(any(fnmatch.fnmatchcase(fw.name, p) for p in when.get("framework", ("*",)))
+                         for when in entry.when)]
+    for workaround in entry.workarounds:  # a value no selected framework has would never lead to a cell
+        for axis, value in workaround.change.items():
+            held = list(dict.fromkeys(v for fw in chosen_all for v in fw.axes[axis]))
+            if value not in held:
+                raise error("workarounds", f"{axis} {value!r} is no value of the entry's frameworks; valid: "
+                                           f"{listing(held)}")
     for when in entry.when:
         names = when.get("framework", ("*",))
         chosen = [fw for fw in spec.frameworks.values() if any(fnmatch.fnmatchcase(fw.name, p) for p in names)]
@@ -293,9 +322,38 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
             raise error("fixed_in", f"{package}: {release!r} is not a version") from None
         if inside:
             raise error("fixed_in", f"{package} {release} is inside the entry's own range {versions[package]}")
+    workarounds = _workarounds(body.get("workarounds", []), error)
+    no_workaround = body.get("no_workaround")
+    if no_workaround is not None and (not isinstance(no_workaround, str) or not no_workaround.strip()):
+        raise error("no_workaround", "must say why no workaround is known (a non-empty string)")
+    if no_workaround is not None and workarounds:
+        raise error("no_workaround", "the entry lists workarounds: drop one of the two")
     seen[body["id"]] = index
     return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, pattern, check,
-                 dict(predicts), dict(fixed_in), kind, reproducer)
+                 dict(predicts), dict(fixed_in), kind, reproducer, workarounds,
+                 no_workaround.strip() if no_workaround else None)
+
+
+def _workarounds(raw: Any, error: Any) -> tuple[Workaround, ...]:
+    """`[{ change = { plugin = "fsdp2" }, says = "..." }, ...]`, checked field by field."""
+    shape = 'a list of { change = { axis = "value" }, says = "what the user does" }'
+    if not isinstance(raw, list):
+        raise error("workarounds", f"must be {shape}")
+    found = []
+    for item in raw:
+        if not isinstance(item, dict) or set(item) != {"change", "says"}:
+            raise error("workarounds", f"must be {shape}")
+        change, says = item["change"], item["says"]
+        if not isinstance(change, dict) or not change or not all(isinstance(v, str) for v in change.values()):
+            raise error("workarounds", f"change must be a non-empty table of axis = \"value\" ({shape})")
+        unknown = sorted(set(change) - set(WORKAROUND_AXES))
+        if unknown:
+            raise error("workarounds", f"cannot change {unknown[0]!r}; valid: {', '.join(WORKAROUND_AXES)} "
+                                       "(a release is fixed_in)")
+        if not isinstance(says, str) or not says.strip():
+            raise error("workarounds", "says must tell the user what to do (a non-empty string)")
+        found.append(Workaround(dict(change), says.strip()))
+    return tuple(found)
 
 
 def load(path: str | Path | None = None) -> Registry:

@@ -125,6 +125,18 @@ class Spec:
     frameworks: dict[str, Framework]
     environments: dict[str, Environment] = field(default_factory=dict)
 
+    def words(self, frameworks: list[str]) -> dict[str, dict[str, str]]:
+        """Plain words per axis value for these frameworks: their adapters' plugins, inits and checkpoint modes, and
+        every freeze pattern's description; reports show them beside the ids (an environment records its own)."""
+        found: dict[str, dict[str, str]] = {"freeze": {pid: p.description for pid, p in self.patterns.items()
+                                                       if p.description}}
+        for name in frameworks:
+            framework = self.frameworks[name]
+            for axis in ("plugin", "init", "checkpoint"):
+                found.setdefault(axis, {}).update({value: framework.declaration.words[value] for value in
+                                                   framework.axes[axis] if value in framework.declaration.words})
+        return found
+
     def values(self, axis: str) -> list[str]:
         """Every value an axis takes in some framework, in first-seen order."""
         if axis == "framework":

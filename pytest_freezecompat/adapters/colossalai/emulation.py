@@ -80,7 +80,10 @@ the same device plumbing takes other patch targets, each found by feature detect
   `colo_device_memory_capacity` at import, so that binding is patched as well; the CPU-Adam kernel is
   `CPUAdamBuilder.load`; `HybridAdam.__init__` loads the fused CUDA Adam kernel (`FusedOptimBuilder.load`:
   the same arithmetic in torch, `_torch_multi_tensor_adam`) and allocates its overflow flag with
-  `torch.cuda.IntTensor` (a CPU int tensor here).
+  `torch.cuda.IntTensor` (a CPU int tensor here); `GeminiOptimizer.pack_optimizer_states_to_tensor` (the
+  optimizer checkpoint of a sharded chunk, `collect_states`) defaults to `device=torch.device("cuda")`, bound
+  at import, so its default and any "cuda" device answer `cpu:0` (from 0.3.5 on the default is the accelerator's
+  device). Engages for each param whose shard this rank owns in a chunk with keep_gathered=False.
 - the other plugins: `LowLevelZeroOptimizer._sanity_checks` sees `torch.cuda.is_available()` true for the
   length of that call (it asserts "CUDA is required"); `torch.cuda.Stream/current_stream/stream/synchronize`
   are no-ops; `torch.cuda.FloatTensor` (the norm buffers of LowLevelZero and HybridParallel) makes a CPU
@@ -602,6 +605,7 @@ GEMINI_MODULES = ("colossalai.booster.plugin.gemini_plugin", "colossalai.zero.ge
 def _legacy_gemini_device_patches() -> list[Patch]:
     """0.3.x: each module binds `colossalai.utils.get_current_device` at import (the CPU without CUDA)."""
     from colossalai.utils import cuda as cuda_utils
+    from colossalai.zero.gemini.gemini_optimizer import GeminiOptimizer
 
     for module in GEMINI_MODULES:  # loaded before looking for the name they bind
         importlib.import_module(module)
@@ -612,7 +616,26 @@ def _legacy_gemini_device_patches() -> list[Patch]:
     return [Patch(module, "get_current_device", always(lambda: EMULATED_DEVICE),
                   "colossalai.utils.get_current_device -> cpu:0 (the emulated CUDA device; this release has no "
                   "accelerator API)") for module in owners] + [
-        Patch(torch.cuda, "IntTensor", _cpu_int_tensor, "torch.cuda.IntTensor -> a CPU IntTensor")]
+        Patch(torch.cuda, "IntTensor", _cpu_int_tensor, "torch.cuda.IntTensor -> a CPU IntTensor"),
+        Patch(GeminiOptimizer, "pack_optimizer_states_to_tensor", _packed_on_emulated_device,
+              "GeminiOptimizer.pack_optimizer_states_to_tensor: device 'cuda' (its 0.3.x default) -> cpu:0")]
+
+
+def _packed_on_emulated_device(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
+    """0.3.x's `collect_states` packs a sharded chunk's optimizer states on `torch.device("cuda")` (a default bound
+    at import): on no GPU that raises on the ranks owning a shard of the param only, the others wait in the
+    next `dist.barrier`, and the save hangs. Pack on the emulated device instead."""
+
+    @functools.wraps(original)
+    def pack(self: Any, param_id: int, state_names: list, device: Any = None,
+             dtype: torch.dtype = torch.float32) -> Any:
+        if device is None or _is_cuda(device):
+            if param_id in self.id_to_fake_params:  # otherwise the original returns None without allocating
+                report()
+            device = EMULATED_DEVICE
+        return original(self, param_id, state_names, device, dtype)
+
+    return pack
 
 
 def _adam_kernel_patches() -> list[Patch]:

@@ -15,4 +15,15 @@ DECLARATION = AdapterDeclaration(
     checkpoint=("none", "reentrant", "non-reentrant", "framework"),
     implementation="pytest_freezecompat.adapters.composer.adapter:ComposerAdapter",
     emulation="pytest_freezecompat.adapters.composer.emulation:SHIM",
+    words={**{plugin + suffix: words + said for plugin, words in (
+               ("ddp", "Trainer with DDP"), ("fsdp1", "Trainer, FSDP1 with use_orig_params=False"),
+               ("fsdp1-orig-params", "Trainer, FSDP1 with use_orig_params=True"),
+               ("fsdp1-shard-grad-op", "Trainer, FSDP1 SHARD_GRAD_OP, use_orig_params=True"),
+               ("fsdp2", "Trainer, FSDP2 (parallelism_config fsdp2)"))
+              for suffix, said in (("", ""), (DEFAULT_OPTIMIZER_SUFFIX, ", the Trainer's default optimizer"))},
+           UNSHIMMED_GLOO_AVG: "Trainer, FSDP2, gloo's own averaging (no shim)",
+           "eager": "model built as usual", "meta": "model built on the meta device (init_device='meta')",
+           "none": "no activation checkpointing", "reentrant": "torch.utils.checkpoint(use_reentrant=True)",
+           "non-reentrant": "torch.utils.checkpoint(use_reentrant=False)",
+           "framework": "Composer's FSDP activation_checkpointing option"},
 )

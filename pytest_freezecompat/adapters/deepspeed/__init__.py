@@ -18,4 +18,11 @@ DECLARATION = AdapterDeclaration(
     # framework: DeepSpeed's own activation checkpointing (`deepspeed.checkpointing.checkpoint`) around each block.
     checkpoint=("none", "reentrant", "non-reentrant", "framework"),
     implementation="pytest_freezecompat.adapters.deepspeed.adapter:DeepSpeedAdapter",
+    words={**{f"{stage}{suffix}": f"ZeRO stage {stage[4]}" + (" with optimizer offload" if "offload" in stage else "")
+              + said for stage in STAGES for suffix, said in (
+                  ("", ", your AdamW"), (CONFIG_OPTIMIZER, ", the config's optimizer"), (BF16, ", bf16"))},
+           "eager": "model built as usual", "zero-init": "model built inside deepspeed.zero.Init",
+           "none": "no activation checkpointing", "reentrant": "torch.utils.checkpoint(use_reentrant=True)",
+           "non-reentrant": "torch.utils.checkpoint(use_reentrant=False)",
+           "framework": "deepspeed.checkpointing.checkpoint"},
 )

@@ -13,4 +13,10 @@ DECLARATION = AdapterDeclaration(
     checkpoint=("none", "full", "selective"),
     implementation="pytest_freezecompat.adapters.megatron.adapter:MegatronAdapter",
     emulation="pytest_freezecompat.adapters.megatron.emulation:SHIM",
+    words={**{f"{wrapper}-{layout}": said + f", {layout[:2].upper()}={layout[2:]}" for wrapper, said in (
+               ("torch-ddp", "torch DDP"), ("megatron-ddp", "Megatron's DistributedDataParallel"),
+               ("megatron-ddp-distopt", "Megatron DDP + distributed optimizer")) for layout in LAYOUTS},
+           "eager": "model built as usual", "meta": "model built on the meta device",
+           "none": "no activation recompute", "full": "recompute_granularity='full'",
+           "selective": "recompute_granularity='selective'"},
 )

@@ -7,4 +7,10 @@ DECLARATION = AdapterDeclaration(
     init=("eager", "meta"),
     checkpoint=("none", "reentrant", "non-reentrant"),
     implementation="pytest_freezecompat.adapters.torch_native.adapter:TorchAdapter",
+    words={"ddp": "DistributedDataParallel", "ddp-find-unused": "DDP(find_unused_parameters=True)",
+           "fsdp1": "FSDP(use_orig_params=False)", "fsdp1-orig-params": "FSDP(use_orig_params=True)",
+           "fsdp2": "fully_shard (FSDP2)", "eager": "model built on CPU/GPU as usual",
+           "meta": "model built on the meta device, materialized by the wrapper", "none": "no activation checkpointing",
+           "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
+           "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
 )

@@ -37,10 +37,15 @@
   function label(c) {
     let t = c.id + ': ' + c.severity + ' · ' + c.status + (c.check ? ' [' + c.check + ']' : '');
     if (c.display !== c.status) t += ' (' + c.display + ': ' + c.known_issue.id + ')';
-    t += ' · checkpoint ' + c.checkpoint + (c.clip === 'clip' ? '' : ' · ' + c.clip);
+    t += ' · activation checkpointing ' + c.checkpoint + (c.clip === 'clip' ? '' : ' · ' + c.clip);
     if (c.emulation) t += ' · emulated';
     if (c.cause) t += ' · cause: ' + c.cause;
     if (c.resume === 'failed') t += ' · resume failed';
+    const held = c.workarounds.find(w => ['holds', 'another loop', 'at a cost'].includes(w.holds));
+    if (held) t += ' · instead: ' + held.says + ' (' + held.workaround + ')';
+    else if (c.instead.length) t += (c.instead[0].change.includes(', ') ? ' · no safe setup one change away; nearest: '
+      : ' · instead: ') + c.instead[0].change + ' (' + c.instead[0].severity + ')';
+    else if (c.severity === 'silent' || c.severity === 'refused') t += ' · no safe setup one change away';
     return t;
   }
   buttons.forEach(b => {
@@ -124,6 +129,12 @@
     if (/^https?:\/\//.test(href)) { a.href = href; a.target = '_blank'; a.rel = 'noopener noreferrer'; }
     return a;
   }
+  function cellLink(id) {
+    // Another cell of this page: clicking opens its details (the hash opens it, as the notes' links do).
+    const a = el('a', id);
+    a.href = '#' + encodeURIComponent(id);
+    return a;
+  }
   function show(i) {
     const c = cells[i];
     buttons.forEach(b => b.classList.toggle('active', +b.dataset.i === i));
@@ -142,7 +153,7 @@
     add(dl, 'emulation', c.emulation ? 'yes (CUDA-on-CPU shim)' + (emulated.length ? ': ' + emulated.join('; ') : '')
       : 'no');
     add(dl, 'grad access', c.grad_access);
-    add(dl, 'model checkpoint (resume)', c.resume_api ? c.resume_api + ' · round trip ' + (c.resume || 'not judged')
+    add(dl, 'save → load (resume)', c.resume_api ? c.resume_api + ' · round trip ' + (c.resume || 'not judged')
       : 'no round trip');
     add(dl, 'grad norm source', c.grad_norm_source);
     if (c.duration_s !== null) add(dl, 'duration', c.duration_s + ' s');
@@ -176,6 +187,27 @@
       k.links.forEach(h => { const li = el('li'); li.append(link(h)); ul.append(li); });
       if (k.reproducer) ul.append(el('li', 'reproducer: ' + k.reproducer + ' (run it with the environment\'s python)'));
       body.append(p, ul);
+    }
+    if (c.workarounds.length || c.instead.length || c.severity === 'silent' || c.severity === 'refused') {
+      // What to do instead: the entry's workarounds as this very cell's neighbours say, then the nearest safe setups.
+      const ul = el('ul');
+      c.workarounds.forEach(w => {
+        const li = el('li');
+        li.append(el('strong', w.says), el('span', ' (' + w.workaround + '): ' + (w.holds === 'holds' ? 'holds here, ' : w.holds === 'another loop' ? 'holds here under another correct loop, '
+          : w.holds === 'at a cost' ? 'holds here, at a cost (the optimizer holds frozen params), '
+          : w.holds === 'broken' ? 'does NOT hold here, '
+          : w.holds.startsWith('blocked by ') ? 'avoids this issue, but meets ' + w.holds.slice(11) + ' at ' : 'not proved here (no such cell)')));
+        if (w.proof) li.append(cellLink(w.proof));
+        ul.append(li);
+      });
+      c.instead.forEach(a => {
+        const li = el('li');
+        li.append(el('strong', a.change), el('span', ' — safe (' + a.severity + '): '), cellLink(a.cell));
+        ul.append(li);
+      });
+      if (!c.workarounds.length && !c.instead.length) ul.append(el('li', 'no safe setup of this model, pattern and framework in this report'));
+      if (k && k.no_workaround) ul.append(el('li', 'no workaround known: ' + k.no_workaround));
+      body.append(el('h3', 'what to do instead'), ul);
     }
     if (c.notes.length) {
       const ul = el('ul');
