@@ -188,3 +188,10 @@ def test_advise_says_outright_when_one_change_will_not_do():
     advice.annotate(alone)
     assert lines(alone["cells"][0])[-1] == ("  instead     no safe setup of tiny-gpt with lora frozen on torch in this "
                                             "report")
+
+
+def test_a_box_with_both_harms_counts_each():
+    cells = (row("fail", "silent", checkpoint="reentrant"), row("error", "refused", init="meta"), row())
+    box = guide.Box("lora", "fsdp1", cells, "silent", 2)
+    assert guide.box_text(box, [1, 2]) == "🟥 1 silent + 🟧 1 refused of 3 [1] [2]"
+    assert guide.box_text(guide.Box("lora", "fsdp1", cells[:1] + cells[2:], "silent", 1), []) == "🟥 silent 1/2"

@@ -169,7 +169,11 @@ def box_text(box: Box | None, refs: list[int]) -> str:
     if box is None:
         return "·"
     ran = sum(grid.severity(cell) != "skipped" for cell in box.cells)
-    mark = MARKS[box.worst] if box.bad in (0, ran) else f"{MARKS[box.worst]} {box.bad}/{ran}"
+    counts = Counter(grid.severity(cell) for cell in box.cells)
+    if counts["silent"] and counts["refused"]:  # both kinds of harm: each counted, so neither hides the other
+        mark = f"🟥 {counts['silent']} silent + 🟧 {counts['refused']} refused of {ran}"
+    else:
+        mark = MARKS[box.worst] if box.bad in (0, ran) else f"{MARKS[box.worst]} {box.bad}/{ran}"
     return mark + "".join(f" [{n}]" for n in refs)
 
 
@@ -222,7 +226,8 @@ def render(report: dict[str, Any]) -> str:
            f"Generated with the report from its own runs ({total} cells of the matrix's models; the examples' "
            "Hugging Face models are in `matrix.html`). Find your framework release, your row (what you freeze) and "
            "your column (how you wrap the model): each box is the worst outcome over the setups the matrix ran "
-           "(activation checkpointing, init, clipping); `n/m` says how many of them were bad, `[k]` which line below "
+           "(activation checkpointing, init, clipping); `n/m` says how many of them were bad (no count: all of them; "
+           "silent and refused counted apart where a box has both), `[k]` which line below "
            "says why. Each line: how bad and when, where, why (the registry entry or finding), the fixed-in "
            "release, and what to do instead: a workaround or setup the matrix ran and found safe, its cell named. "
            "`freezecompat advise --framework F --plugin P --freeze X` answers one setup in a terminal.", "",
