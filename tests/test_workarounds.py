@@ -72,9 +72,9 @@ def test_a_cell_red_for_another_entrys_reason_blocks_but_does_not_break():
              red(checkpoint="reentrant"), row("error", "refused", ENTRY, plugin="fsdp1-orig-params",
                                               checkpoint="reentrant")]
     assert [(p.holds, p.blocked_by) for p in proofs(cells)] == [(False, "another-issue"), (False, None)]
-    assert [r["state"] for r in summary(cells[:2])] == ["blocked"]
-    assert [r["state"] for r in summary(cells)] == ["broken"]
-    assert [(r["not_held"], r["blocked"]) for r in summary(cells)] == [(1, 1)]
+    assert [r["state"] for r in summary(proofs(cells[:2]))] == ["blocked"]
+    assert [r["state"] for r in summary(proofs(cells))] == ["broken"]
+    assert [(r["not_held"], r["blocked"]) for r in summary(proofs(cells))] == [(1, 1)]
 
 
 @pytest.mark.parametrize(("holds", "severities", "expected"), [
@@ -89,7 +89,7 @@ def test_one_state_per_release(holds, severities, expected):
 def test_the_summary_is_per_entry_workaround_and_release_with_its_proving_cells():
     cells = [red(), row(plugin="fsdp1-orig-params"), red(release="2.9.0"),
              row("fail", "silent", release="2.9.0", plugin="fsdp1-orig-params")]
-    table = {(r["workaround"], r["release"]): r for r in summary(cells)}
+    table = {(r["workaround"], r["release"]): r for r in summary(proofs(cells))}
     assert table[("plugin=fsdp1-orig-params", "torch@2.8.0")]["state"] == "verified"
     assert table[("plugin=fsdp1-orig-params", "torch@2.8.0")]["proof"] == [row(plugin="fsdp1-orig-params")["id"]]
     assert table[("plugin=fsdp1-orig-params", "torch@2.9.0")]["state"] == "broken"

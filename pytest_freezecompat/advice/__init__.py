@@ -16,8 +16,9 @@ def annotate(report: dict[str, Any], limit: int = 2) -> dict[str, Any]:
     for cell in report["cells"]:  # rows written before an axis existed read at its one value then
         with_later_axes(cell)
     safe = nearest.safe_by_group(report["cells"])
+    found = workarounds.proofs(report["cells"])
     proofs: dict[str, list[dict[str, Any]]] = {}
-    for proof in workarounds.proofs(report["cells"]):
+    for proof in found:
         proofs.setdefault(proof.cell, []).append({"workaround": proof.workaround, "says": proof.says,
                                                   "proof": proof.proof, "holds": proof.holds,
                                                   "severity": proof.severity, "blocked_by": proof.blocked_by})
@@ -31,5 +32,5 @@ def annotate(report: dict[str, Any], limit: int = 2) -> dict[str, Any]:
         cell["instead"] = [{"cell": found.cell, "severity": found.severity,
                             "changes": [list(change) for change in found.changes]}
                            for found in nearest.nearest_safe(cell, safe[nearest.group(cell)], limit)]
-    report["workarounds"] = workarounds.summary(report["cells"])
+    report["workarounds"] = workarounds.summary(found)
     return report

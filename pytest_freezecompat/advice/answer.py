@@ -7,6 +7,7 @@ from collections import Counter
 
 from ..core.names import SEVERITIES, SEVERITY_MEANING
 from .nearest import RED, SAFE, Row, severity
+from .workarounds import outcome
 
 #: A terminal line: longer messages are cut, matrix.json has them whole.
 WIDTH = 160
@@ -45,12 +46,7 @@ def lines(cell: Row) -> list[str]:
     if verdict in SAFE:
         return out
     for index, proof in enumerate(cell.get("workarounds") or []):
-        state = ("holds here under another correct loop (differs)" if proof.get("severity") == "differs"
-                 else "holds here at a cost (costly: the optimizer holds frozen params)"
-                 if proof.get("severity") == "costly" else "holds here" if proof["holds"]
-                 else f"avoids this issue, but meets {proof['blocked_by']} there" if proof.get("blocked_by")
-                 else "does NOT hold here" if proof["holds"] is False
-                 else "not proved here (the matrix has no such cell)")
+        state = outcome(proof)
         where = f": {proof['proof']}" if proof.get("proof") else ""
         out.append(f"  {'workaround' if index == 0 else '':10}  {proof['workaround']} ({proof['says']}): "
                    f"{state}{where}")
@@ -77,8 +73,7 @@ def overview(cells: list[Row]) -> str:
     shared = [f"{axis}={next(iter(values))}" for axis in ("checkpoint", "init", "clip")
               if len(values := {cell[axis] for cell in bad}) == 1 and len({cell[axis] for cell in cells}) > 1]
     first = cells[0]
-    tally = ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda item: worst_first(
-        {"severity": item[0], "id": ""})))
+    tally = ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda item: SEVERITIES.index(item[0])))
     return (f"{first['framework']} {first['release']} · {first['plugin']} · freeze {first['freeze']}: "
             f"{len(cells)} setups: {tally}" + (f"; the bad ones all have {', '.join(shared)}" if shared else "")
             + ("; each bad one below" if bad else "; every one is safe" if counts.keys() <= set(SAFE) else ""))

@@ -21,8 +21,6 @@ from ..verdict.severity import severity_of
 
 Row = dict[str, Any]
 
-#: What the user asks about: an alternative keeps these.
-KEPT = ("model", "freeze", "framework")
 #: What the user may change, cheapest first: a checkpoint mode before a plugin, a plugin before a framework release
 #: (`freeze` only to a recipe of the cell's explaining entry).
 CHANGEABLE = ("checkpoint", "clip", "freeze", "init", "plugin", "release")

@@ -44,6 +44,26 @@ class Proof:
     blocked_by: str | None = None  # the other entry that explains the red cell it leads to
 
 
+#: What a workaround did on one red cell, in the words `advise` and the HTML panel both use (`outcome`).
+OUTCOMES = {"holds": "holds here",
+            "another loop": "holds here under another correct loop (differs)",
+            "at a cost": "holds here at a cost (costly: the optimizer holds frozen params)",
+            "blocked": "avoids this issue, but meets {blocked_by} there",
+            "broken": "does NOT hold here",
+            "unproved": "not proved here (the matrix has no such cell)"}
+
+
+def outcome(proof: dict[str, Any]) -> str:
+    """A cell's workaround as annotated (`advice.annotate`), as a sentence from `OUTCOMES`."""
+    if proof.get("blocked_by"):
+        return OUTCOMES["blocked"].format(blocked_by=proof["blocked_by"])
+    if proof["holds"] is None:
+        return OUTCOMES["unproved"]
+    if not proof["holds"]:
+        return OUTCOMES["broken"]
+    return OUTCOMES[{"differs": "another loop", "costly": "at a cost"}.get(proof.get("severity") or "", "holds")]
+
+
 def label(workaround: dict[str, Any]) -> str:
     """`plugin=fsdp2` or `release>=0.24.0`: a workaround's name in tables and in `advise`."""
     return ", ".join(f"{axis}={value}" for axis, value in sorted(workaround["change"].items()))
@@ -85,16 +105,15 @@ def _target(row: Row, workaround: dict[str, Any], releases: dict[str, list[str]]
 
 
 def proofs(cells: list[Row]) -> list[Proof]:
-    """Every (explained red cell, workaround) pair of the report and whether the cell it leads to is ok."""
-    rows = cells
-    by_key = {_key(row): row for row in rows}
+    """Every (explained red cell, workaround) pair of the report, and how the cell it leads to ended."""
+    by_key = {_key(row): row for row in cells}
     held: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for row in rows:
+    for row in cells:
         for axis in KEY_AXES:
             held[(row["framework"], axis)].add(row[axis])
     releases = {framework: sorted(values) for (framework, axis), values in held.items() if axis == "release"}
     found = []
-    for row in rows:
+    for row in cells:
         known = row.get("known_issue") or {}
         if not known.get("expected") or severity(row) not in ("silent", "refused"):
             continue
@@ -131,18 +150,19 @@ def state(holds: list[bool | None], severities: Sequence[str | None] = (),
     return "blocked" if any(others) else "unproven"
 
 
-def summary(cells: list[Row]) -> list[dict[str, Any]]:
-    """Per entry, workaround and release: its state, how many cells held / not / could not be judged, and up to
-    three proving cells (ok ones first): what the report's `workarounds` table holds."""
+def summary(found: list[Proof]) -> list[dict[str, Any]]:
+    """Per entry, workaround and release (from `proofs`): what it says, its state, how many cells held / not / met
+    another issue / could not be judged, and up to three proving cells (holding ones first): what the report's
+    `workarounds` table holds."""
     grouped: dict[tuple[str, str, str], list[Proof]] = defaultdict(list)
-    for proof in proofs(cells):
+    for proof in found:
         grouped[(proof.entry, proof.workaround, proof.release)].append(proof)
     table = []
     for (entry, workaround, release), group in sorted(grouped.items()):
         holds = [p.holds for p in group]
         proving = sorted({p.proof for p in group if p.proof}, key=lambda i: (not any(
             p.proof == i and p.holds for p in group), i))
-        table.append({"entry": entry, "workaround": workaround, "release": release,
+        table.append({"entry": entry, "workaround": workaround, "release": release, "says": group[0].says,
                       "state": state(holds, [p.severity for p in group], [p.blocked_by for p in group]),
                       "held": holds.count(True), "not_held": sum(p.holds is False and not p.blocked_by for p in group),
                       "blocked": sum(bool(p.blocked_by) for p in group), "unjudged": holds.count(None),

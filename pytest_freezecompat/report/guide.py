@@ -16,6 +16,7 @@ from typing import Any
 from ..advice.answer import change_text
 from ..core.names import HARMFUL, SEVERITIES, SEVERITY_MEANING
 from . import grid
+from .markdown import anchor
 from .releases import release_order
 
 Row = dict[str, Any]
@@ -113,20 +114,20 @@ def _when(bad: list[Row], boxes: list[Box]) -> str:
 def _best_workaround(cells: list[Row]) -> dict[str, Any] | None:
     """The entry's workaround that holds on most of these cells (ties: the entry's order), with how many."""
     tally: dict[str, dict[str, Any]] = {}
-    first_box = (cells[0]["freeze"], cells[0]["plugin"]) if cells else None
     for cell in cells:
+        elsewhere = (cell["freeze"], cell["plugin"]) != (cells[0]["freeze"], cells[0]["plugin"])
         for proof in cell.get("workarounds") or []:
             seen = tally.setdefault(proof["workaround"], {**proof, "held": 0, "judged": 0, "proofs": []})
             if proof["holds"] is not None and not proof.get("blocked_by"):
                 seen["judged"] += 1
                 seen["held"] += bool(proof["holds"])
-                if proof["holds"]:  # the first box's own proof first: the one a reader of that box looks for
-                    mine = (cell["freeze"], cell["plugin"]) == first_box
-                    seen["proofs"].insert(0 if mine and not seen.get("mine") else len(seen["proofs"]), proof["proof"])
-                    seen["mine"] = seen.get("mine") or mine
+                if proof["holds"]:
+                    seen["proofs"].append((elsewhere, proof["proof"]))
     if not tally:
         return None
-    return max(tally.values(), key=lambda item: (item["held"], -list(tally).index(item["workaround"])))
+    best = max(tally.values(), key=lambda item: (item["held"], -list(tally).index(item["workaround"])))
+    # the first box's own proofs first (a stable sort): the cell a reader of that box looks for
+    return {**best, "proofs": [proof for _, proof in sorted(best["proofs"], key=lambda item: item[0])]}
 
 
 def harms(guide: ReleaseGuide) -> list[Harm]:
@@ -235,14 +236,11 @@ def render(report: dict[str, Any]) -> str:
                                        for s in ("silent", "refused", "costly", "ok")) + " (or `differs`: right "
            "weights under another correct way of writing the loop) · ⬜ not run: the matrix skips it, saying why.",
            "",
-           "Releases: " + " · ".join(f"[{g.framework} {g.release}](#{_anchor(g)})" for g in guides), ""]
+           "Releases: " + " · ".join(f"[{g.framework} {g.release}](#{anchor(g.framework + ' ' + g.release)})"
+                                     for g in guides), ""]
     for guide in guides:
         out += _release(guide)
     return "\n".join(out) + "\n"
-
-
-def _anchor(guide: ReleaseGuide) -> str:
-    return f"{guide.framework}-{guide.release}".replace(".", "")
 
 
 def _release(guide: ReleaseGuide) -> list[str]:

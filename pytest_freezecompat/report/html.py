@@ -23,7 +23,7 @@ import jinja2
 from markupsafe import Markup
 
 from ..advice.answer import change_text
-from ..advice.workarounds import label
+from ..advice.workarounds import outcome
 from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
@@ -56,7 +56,7 @@ SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
              ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]"),
              ("instead", "[instead]"), ("workarounds", "[workaround]")),
     "instead": (("change", "s"), ("cell", "s"), ("severity", "s")),
-    "workaround": (("workaround", "s"), ("says", "s"), ("proof", "s"), ("holds", "s")),
+    "workaround": (("workaround", "s"), ("says", "s"), ("proof", "s"), ("holds", "v"), ("outcome", "s")),
     "failure": (("check", "s"), ("step", "v"), ("message", "s"), ("params", "S")),
     "rank": (("rank", "v"), ("phase", "s"), ("error", "error"), ("exit", "s"), ("traceback", "t"), ("stack", "t"),
              ("log_tail", "t"), ("emulated", "S")),
@@ -151,10 +151,7 @@ class _Payload:
                           "severity": grid.severity(cell),
                           "instead": [{**found, "change": change_text(found["changes"])}
                                       for found in cell.get("instead") or []],
-                          "workarounds": [{**proof, "holds": "another loop" if proof.get("severity") == "differs"
-                                           else "at a cost" if proof.get("severity") == "costly"
-                                           else "blocked by " + proof["blocked_by"] if proof.get("blocked_by")
-                                           else HOLDS[proof["holds"]]}
+                          "workarounds": [{**proof, "outcome": outcome(proof)}
                                           for proof in cell.get("workarounds") or []]}, "cell") for cell in cells]
         return {"shapes": SHAPES, "strings": list(self.strings), "texts": [list(t) for t in self.texts],
                 "issues": [json.loads(i) for i in self.issues], "plugins": plugins, "cells": rows}
@@ -174,8 +171,6 @@ def _slug(text: str) -> str:
 FILTER_NAMES = {"severity": "how bad", "framework": "framework release", "plugin": "wrapper (plugin)",
                 "freeze": "what is frozen", "clip": "clipping", "status": "raw status", "cause": "why red",
                 "resume": "save → load"}
-#: A workaround on a cell, as the page reads it (an empty or false value is dropped from the payload).
-HOLDS = {True: "holds", False: "broken", None: "unproved"}
 #: The registry's word on a square is a badge on its severity colour, never a colour that hides the harm.
 REGISTRY_BADGES = {"known": " kn", "fixed?": " fx"}
 
@@ -209,12 +204,11 @@ def _section(section: grid.Section, index: dict[str, int], plugin_index: dict[st
 
 def _workarounds(issue_id: str, known: dict[str, Any], table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry's workarounds: what each says, and its state per release as the run proved it."""
-    says = {label(w): w["says"] for w in known.get("workarounds") or []}
     views: dict[str, dict[str, Any]] = {}
     for row in table:
         if row["entry"] == issue_id:
             view = views.setdefault(row["workaround"], {"workaround": row["workaround"], "releases": [],
-                                                        "says": says.get(row["workaround"], "upgrade")})
+                                                        "says": row.get("says", "")})
             view["releases"].append({"release": row["release"], "state": row["state"], "held": row["held"],
                                      "judged": row["held"] + row["not_held"]})
     return list(views.values())

@@ -55,7 +55,7 @@ def _names(values: Iterable[str]) -> str:
     return ", ".join(f"`{_inline(v)}`" for v in values)
 
 
-def _anchor(heading: str) -> str:
+def anchor(heading: str) -> str:
     """The id GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
@@ -218,7 +218,8 @@ def _works_and_breaks(section: grid.Section, cells: list[Cell]) -> list[str]:
     if silent:
         patterns = [f for f in freezes if any(c["freeze"] == f for c in silent)]
         lines.append(f"- 🟥 **Silent harm** ({len(silent)} cells) with freeze {_names(patterns)}: the "
-                     f"[guide](guide.md#{_guide_anchor(section.framework)}) says when and what to do instead.")
+                     f"[guide](guide.md#{anchor(section.framework.replace('@', ' '))}) says when and what to do "
+                     "instead.")
     red = [c for c in cells if _kind(c) == "red"]
     if not red:
         return [*lines, "- ❌ **Not explained**: no red cell lacks a known issue or finding."]
@@ -234,11 +235,6 @@ def _works_and_breaks(section: grid.Section, cells: list[Cell]) -> list[str]:
     return lines
 
 
-def _guide_anchor(framework_release: str) -> str:
-    """guide.md's heading for `colossalai@0.4.7` is `colossalai 0.4.7`."""
-    return framework_release.replace("@", "-").replace(".", "")
-
-
 def _issue_tally(cells: list[Cell]) -> str:
     return ", ".join(f"{n} {shown}" for shown, n in sorted(Counter(map(display_status, cells)).items()))
 
@@ -252,8 +248,8 @@ def _framework_summary(section: grid.Section, report: dict[str, Any]) -> list[st
                for env in grid.distinct(cells, "environment")),
              f"{section.cells} cells: " + " · ".join(f"{section.severities[v]} {v}" for v in SEVERITIES
                                                      if section.severities[v]) + f" ({_tally(cells)}). "
-             f"[Grids](#{_anchor(section.framework + ' grids')}) · "
-             f"[notes](#{_anchor(section.framework + ' notes')})"]
+             f"[Grids](#{anchor(section.framework + ' grids')}) · "
+             f"[notes](#{anchor(section.framework + ' notes')})"]
     if emulation := _emulation(section):
         lines += ["", emulation]
     lines += ["", *_plugin_table(section, cells, set() if everywhere else marked), "",

@@ -88,7 +88,8 @@ RUN = Table(optional={"plugin": STRING_OR_NULL, "commit": STRING_OR_NULL, "date"
 #: The report's `workarounds` table (`advice.workarounds.summary`): one row per entry, workaround and release.
 WORKAROUND_ROW = Table(required={"entry": "string", "workaround": "string", "release": "string", "state": "string",
                                  "proof": STRINGS},
-                       optional=dict.fromkeys(("held", "not_held", "blocked", "unjudged", "cells"), "integer"))
+                       optional={"says": "string",
+                                 **dict.fromkeys(("held", "not_held", "blocked", "unjudged", "cells"), "integer")})
 ENVIRONMENT = Table(optional={"python": "string", "torch": STRING_OR_NULL, "frameworks": Table(), "device": "string",
                               "backend": "string", "platform": "string", "run": RUN, "axes": Table(),
                               "words": Table()})

@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..core.names import CHECKS, KEY_AXES, USER_AXES, VALUE_RE
 from ..core.records import FAILING
-from .matrix import DEVICES, Spec, default_spec_path, listing, tomllib, unselectable
+from .matrix import DEVICES, Framework, Spec, default_spec_path, listing, tomllib, unselectable
 
 #: What a selector may name: the cell's key axes, and the device of its environment. Not the release: an entry's
 #: `versions` says which releases it applies to, and the runs check that range.
@@ -206,23 +206,24 @@ def _check_entry(path: Path, entry: Entry, spec: Spec) -> None:
     unknown = sorted(set(entry.versions) - set(packages))
     if unknown:
         raise error("versions", f"{unknown[0]!r} is not a version a report records; valid: {listing(packages)}")
-    chosen_all = [fw for fw in spec.frameworks.values()
-                  if any(any(fnmatch.fnmatchcase(fw.name, p) for p in when.get("framework", ("*",)))
-                         for when in entry.when)]
+    def chosen(when: dict[str, tuple[str, ...]]) -> list[Framework]:
+        names = when.get("framework", ("*",))
+        return [fw for fw in spec.frameworks.values() if any(fnmatch.fnmatchcase(fw.name, p) for p in names)]
+
+    selected = list({fw.name: fw for when in entry.when for fw in chosen(when)}.values())
     for workaround in entry.workarounds:  # a value no selected framework has would never lead to a cell
         for axis, value in workaround.change.items():
-            held = list(dict.fromkeys(v for fw in chosen_all for v in fw.axes[axis]))
+            held = list(dict.fromkeys(v for fw in selected for v in fw.axes[axis]))
             if value not in held:
                 raise error("workarounds", f"{axis} {value!r} is no value of the entry's frameworks; valid: "
                                            f"{listing(held)}")
     for when in entry.when:
-        names = when.get("framework", ("*",))
-        chosen = [fw for fw in spec.frameworks.values() if any(fnmatch.fnmatchcase(fw.name, p) for p in names)]
+        frameworks = chosen(when)
         valid = {"framework": list(spec.frameworks),
-                 **{axis: list(dict.fromkeys(v for fw in chosen for v in fw.axes[axis])) for axis in SELECTOR_AXES
+                 **{axis: list(dict.fromkeys(v for fw in frameworks for v in fw.axes[axis])) for axis in SELECTOR_AXES
                     if axis != "framework"}}
         axes = sorted((k for k in when if k != "device"), key=lambda k: k != "framework")  # framework says the rest
-        found = unselectable({k: when[k] for k in axes}, valid, any(fw.user_models for fw in chosen))
+        found = unselectable({k: when[k] for k in axes}, valid, any(fw.user_models for fw in frameworks))
         if found is not None:
             raise error("when", found[1])
 

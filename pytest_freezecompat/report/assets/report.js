@@ -41,7 +41,7 @@
     if (c.emulation) t += ' · emulated';
     if (c.cause) t += ' · cause: ' + c.cause;
     if (c.resume === 'failed') t += ' · resume failed';
-    const held = c.workarounds.find(w => ['holds', 'another loop', 'at a cost'].includes(w.holds));
+    const held = c.workarounds.find(w => w.holds);
     if (held) t += ' · instead: ' + held.says + ' (' + held.workaround + ')';
     else if (c.instead.length) t += (c.instead[0].change.includes(', ') ? ' · no safe setup one change away; nearest: '
       : ' · instead: ') + c.instead[0].change + ' (' + c.instead[0].severity + ')';
@@ -193,10 +193,7 @@
       const ul = el('ul');
       c.workarounds.forEach(w => {
         const li = el('li');
-        li.append(el('strong', w.says), el('span', ' (' + w.workaround + '): ' + (w.holds === 'holds' ? 'holds here, ' : w.holds === 'another loop' ? 'holds here under another correct loop, '
-          : w.holds === 'at a cost' ? 'holds here, at a cost (the optimizer holds frozen params), '
-          : w.holds === 'broken' ? 'does NOT hold here, '
-          : w.holds.startsWith('blocked by ') ? 'avoids this issue, but meets ' + w.holds.slice(11) + ' at ' : 'not proved here (no such cell)')));
+        li.append(el('strong', w.says), el('span', ' (' + w.workaround + '): ' + w.outcome + (w.proof ? ': ' : '')));
         if (w.proof) li.append(cellLink(w.proof));
         ul.append(li);
       });
