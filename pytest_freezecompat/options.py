@@ -46,6 +46,8 @@ class Options:
     environment: str | None
     command: str = ""  # the command line, as the report's run metadata shows it
     rootdir: Path = Path()  # whose git commit the report names
+    #: --freeze-matrix-every-round-trip: each cell runs its own round trip (re-measures what `[round_trip]` shares).
+    every_round_trip: bool = False
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -66,6 +68,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--freeze-matrix-environment", default=None, metavar="NAME",
                     help=f"run only the frameworks this environment owns (default ${ENVIRONMENT_VARIABLE}; "
                          "unset: every framework, non-importable ones skipped)")
+    group.addoption("--freeze-matrix-every-round-trip", action="store_true",
+                    help="every cell runs its own save -> load round trip, none cites its round-trip group's (slower; "
+                         "shows whether a framework's [round_trip] classes still share one result)")
     for name, text in INI_HELP.items():
         parser.addini(name, text, default="")
 
@@ -124,5 +129,5 @@ def resolve(config: pytest.Config) -> Options:
         report_dir_is_default=report_dir is None, environment=environment,
         # Paths under the rootdir relative to it: a published report names no machine's folders.
         command=shlex.join(["pytest", *config.invocation_params.args]).replace(f"{config.rootpath}{os.sep}", ""),
-        rootdir=config.rootpath,
+        rootdir=config.rootpath, every_round_trip=config.getoption("freeze_matrix_every_round_trip"),
     )

@@ -93,3 +93,17 @@ def test_a_cell_that_fails_several_checks_reports_every_one(run_matrix):
                                  "also [[]update[]]: step 0:*"])
     assert failed["severity"] == "silent"
     result.stdout.fnmatch_lines(["how bad: 2 silent · 2 ok"])
+
+
+def test_cells_of_one_round_trip_group_cite_the_first_ones_round_trip(run_matrix):
+    """The default matrix's torch row shares a round trip across clip (`[round_trip]`): of one box's two cells the
+    first runs it and the second names it; `--freeze-matrix-every-round-trip` runs each, with the same statuses."""
+    select = "--freeze-matrix-select=plugin=ddp,init=eager,checkpoint=none,freeze=embedding"
+    _, shared = run_matrix(select)
+    by_clip = {c["clip"]: c for c in shared["cells"]}
+    assert set(by_clip) == {"clip", "no-clip"}
+    assert "round_trip_of" not in by_clip["clip"] and by_clip["no-clip"]["round_trip_of"] == by_clip["clip"]["id"]
+    assert by_clip["no-clip"]["resume_api"] == by_clip["clip"]["resume_api"]
+    _, each = run_matrix(select, "--freeze-matrix-every-round-trip", report_dir="each")
+    assert not any(c.get("round_trip_of") for c in each["cells"])
+    assert {c["id"]: c["status"] for c in each["cells"]} == {c["id"]: c["status"] for c in shared["cells"]}

@@ -65,3 +65,24 @@ def test_a_sharded_load_restores_each_ranks_own_shard(pool: RankPool) -> None:
     half = loaded.shape[0] // 2
     assert not (loaded[:half] == loaded[half:2 * half]).all()
     assert checks.judge(result, c, TIMEOUT_S).status == "pass"
+
+
+def test_a_cell_that_cites_its_groups_round_trip_runs_none_and_takes_its_result(pool: RankPool) -> None:
+    """The first cell of a round-trip group runs and judges the round trip (here one that leaves a param behind); a
+    cell of the same group that cites it saves and loads nothing, yet fails `resume` with the same finding."""
+    first = dataclasses.replace(cell("ddp", "embedding"), break_load="head.weight")
+    ran = pool.run(first, TIMEOUT_S)
+    judged = checks.judge(ran, first, TIMEOUT_S)
+    assert judged.round_trip is not None and judged.round_trip.problem is not None and judged.round_trip_of is None
+    trip = dataclasses.replace(judged.round_trip, cell=first.key.id)
+    later = dataclasses.replace(cell("ddp", "embedding"), key=dataclasses.replace(first.key, clip="no-clip"),
+                                round_trip_of=first.key.id)
+    before = folders()
+    result = pool.run(later, TIMEOUT_S)
+    assert result.ranks[0].record.resume is None and folders() == before  # no save, no load, no folder
+    verdict = checks.judge(result, later, TIMEOUT_S, trip)
+    assert (verdict.status, verdict.check, verdict.round_trip_of) == ("fail", "resume", first.key.id)
+    assert verdict.round_trip is None  # a cited round trip is not cited again as this cell's
+    assert "after load, values differ from what was saved: head.weight" in verdict.message
+    held = dataclasses.replace(trip, problem=None)
+    assert checks.judge(result, later, TIMEOUT_S, held).status == "pass"

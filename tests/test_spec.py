@@ -213,3 +213,33 @@ def test_every_framework_of_the_default_matrix_runs_without_clipping_where_the_p
             "none", "embedding", "all-but-last", "unused-branch", "unused-branch-frozen"}, framework
     assert all(c.hyper.max_norm == 0 and not c.hyper.clips for c in cells if c.key.clip == "no-clip")
     assert all(c.hyper.clips for c in cells if c.key.clip == "clip")
+
+
+def test_round_trip_classes_group_cells_that_take_one_save_and_load_path(tmp_path):
+    from pytest_freezecompat.spec.plan import Selection, plan
+
+    text = GOOD.replace('checkpoint = ["none"]', 'checkpoint = ["none", "reentrant", "non-reentrant"]')
+    text += 'clip = ["clip", "no-clip"]\n[frameworks.torch.round_trip]\ncheckpoint = [["none", "non-reentrant"]]\n'
+    loaded = spec.load(write(tmp_path, text))
+    cells = plan(loaded, Selection({}), world_size=2, device="cpu", importable=lambda module: None)
+    groups = {}
+    for c in cells:
+        groups.setdefault(c.round_trip, set()).add((c.key.checkpoint, c.key.clip, c.key.freeze))
+    # none and non-reentrant share; reentrant, each clip value and each pattern keep their own
+    assert sorted(map(sorted, groups.values())) == sorted(
+        [sorted({("none", clip, freeze), ("non-reentrant", clip, freeze)}) for clip in ("clip", "no-clip")
+         for freeze in ("none", "embedding")] + [[("reentrant", clip, freeze)] for clip in ("clip", "no-clip")
+                                                  for freeze in ("none", "embedding")])
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('plugin = [["ddp", "ddp"]]', r"round_trip.plugin: only init, checkpoint, clip may share a round trip"),
+    ('checkpoint = [["none", "full"]]', r"round_trip.checkpoint: 'full' is not one of its checkpoint values"),
+    ('checkpoint = ["none"]', r"round_trip.checkpoint is a list of lists of two or more values"),
+    ('checkpoint = [["none", "reentrant"], ["reentrant", "non-reentrant"]]', r"round_trip.checkpoint: 'reentrant' is in two classes"),
+])
+def test_a_bad_round_trip_class_is_one_line(tmp_path, table, message):
+    text = GOOD.replace('checkpoint = ["none"]', 'checkpoint = ["none", "reentrant", "non-reentrant"]')
+    path = write(tmp_path, text + f"[frameworks.torch.round_trip]\n{table}\n")
+    with pytest.raises(spec.SpecError, match=rf"^{path}:\d+: framework torch: {message}"):
+        spec.load(path)

@@ -139,7 +139,7 @@ def train(ctx: RunContext, loop: Loop, rebuild: Callable[[], Loop] | None = None
     where `rebuild` makes a fresh loop of a `Resumable` kind, the round trip from the save after step 0."""
     probes = StepProbes(ctx.probe, loop.view)
     probes.wrapped()
-    resumes = rebuild is not None and isinstance(loop, Resumable) and ctx.cell.hyper.steps > SAVE_AFTER_STEP + 1
+    resumes = rebuild is not None and isinstance(loop, Resumable) and runs_round_trip(ctx)
     with shared_folder(ctx) if resumes else _no_folder() as folder:
         for step in range(ctx.cell.hyper.steps):
             _train_step(ctx, loop, probes, step)
@@ -155,6 +155,12 @@ def train(ctx: RunContext, loop: Loop, rebuild: Callable[[], Loop] | None = None
         probes = StepProbes(ctx.probe, fresh.view)
         for step in range(SAVE_AFTER_STEP + 1, ctx.cell.hyper.steps):
             _train_step(ctx, fresh, probes, step)
+
+
+def runs_round_trip(ctx: RunContext) -> bool:
+    """Whether this cell saves and resumes: it trains past the save, and cites no other cell's round trip (the
+    controller found one of its round-trip group judged already: `Cell.round_trip_of`)."""
+    return ctx.cell.hyper.steps > SAVE_AFTER_STEP + 1 and ctx.cell.round_trip_of is None
 
 
 def save(ctx: RunContext, loop: Resumable, folder: Path, step: int) -> bool:

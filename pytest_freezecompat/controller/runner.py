@@ -7,6 +7,7 @@ worker's reports) writes the report.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 import traceback
@@ -93,6 +94,8 @@ class MatrixRun:
         self.known.require(c.known_issue for c in self.cells if c.known_issue)
         self._environment_info: dict[str, dict[str, Any]] = {}
         self.results: dict[str, dict[str, Any]] = {}
+        #: Round-trip group -> the round trip its first judged cell ran; the group's later cells cite it.
+        self.round_trips: dict[str, checks.RoundTrip] = {}
         self.user_values: dict[str, set[str]] = {}  # the models and patterns user cases add to the axes
         self._pool: RankPool | None = None
         self._pool_error: str | None = None
@@ -142,8 +145,11 @@ class MatrixRun:
         started = time.perf_counter()
         if self._pool_error:
             return self._annotated(_record(cell, repro, Status.ERROR, self._pool_error))
+        shares = cell.round_trip and not self.options.every_round_trip
+        cited = self.round_trips.get(cell.round_trip) if shares else None
         try:
-            run = self._get_pool().run(cell, self.options.timeout_s)
+            run = self._get_pool().run(dataclasses.replace(cell, round_trip_of=cited.cell) if cited else cell,
+                                       self.options.timeout_s)
         except PoolError as exc:
             self._pool_error = f"rank pool could not start: {exc}"
             return self._annotated(_record(cell, repro, Status.ERROR, self._pool_error))
@@ -154,8 +160,12 @@ class MatrixRun:
                 cell, repro, Status.ERROR, f"the controller raised {type(exc).__name__}: {exc} "
                 f"({short_paths(where.filename)}:{where.lineno} in {where.name})", cause="harness"))
         judging = time.perf_counter()
-        verdict = checks.judge(run, cell, self.options.timeout_s)
+        verdict = checks.judge(run, cell, self.options.timeout_s, cited)
+        if verdict.round_trip is not None and cell.round_trip and cited is None:
+            self.round_trips[cell.round_trip] = dataclasses.replace(verdict.round_trip, cell=cell.key.id)
         facts = checks.run_facts(run, cell)
+        if verdict.round_trip_of is not None and cited is not None:
+            facts["resume_api"] = cited.api
         judge_s = time.perf_counter() - judging
         record = _record(cell, repro, verdict.status, verdict.message, check=verdict.check,
                          failures=[failure.to_json() for failure in verdict.failures],
@@ -165,7 +175,8 @@ class MatrixRun:
                          pool_start_s=None if run.fresh_start_s is None else round(run.fresh_start_s, 3),
                          rendezvous_retries=run.rendezvous_retries or None, phases_s=_phases(run, judge_s),
                          group_kept=all(s.record is not None and s.record.group_kept for s in run.ranks) or None,
-                         convention=verdict.convention, differences=verdict.differences, **facts)
+                         convention=verdict.convention, differences=verdict.differences,
+                         round_trip_of=verdict.round_trip_of, **facts)
         return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:

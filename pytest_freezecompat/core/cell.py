@@ -118,6 +118,10 @@ class Cell:
     tolerance: dict[str, float] = field(default_factory=dict)
     #: Tests only: a param the round trip leaves out of what it loads, proving the `resume` check catches it.
     break_load: str | None = None
+    #: The cells of one round-trip group take the same save -> load path (`spec.matrix.Framework.round_trip`): the
+    #: first one to judge it runs it, the others cite that cell (`round_trip_of`) and their ranks skip theirs.
+    round_trip: str = ""
+    round_trip_of: str | None = None
 
     @property
     def id(self) -> str:

@@ -210,6 +210,9 @@ class CellRecord:
     convention: str | None = None
     #: What differs from the canonical loop without reaching a weight (a pass with these is `differs`).
     differences: list[str] = field(default_factory=list)
+    #: The cell whose save -> load round trip this one cites (its round-trip group's, run once): its `resume`
+    #: result and `resume_api` are that cell's.
+    round_trip_of: str | None = None
     #: How bad it is for the user (`verdict.severity`): silent, refused, costly, differs, harness, ok, skipped.
     severity: str | None = None
 
@@ -223,7 +226,7 @@ class CellRecord:
         del data["key"]
         for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
                          "rendezvous_retries", "phases_s", "group_kept", "user_model", "resume_api", "convention",
-                         "severity"):
+                         "round_trip_of", "severity"):
             if data[optional] is None:
                 del data[optional]
         if not data["differences"]:

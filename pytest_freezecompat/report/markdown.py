@@ -296,9 +296,22 @@ def _table(section: grid.Section, block: grid.Block, slot: int, labels: dict[str
     return lines, [cell for _, slots in rows for cell in slots if cell is not None]
 
 
-def _access(access: tuple[grid.GradAccess, ...]) -> list[str]:
+def _shared_trips(cells: list[Cell]) -> list[str]:
+    """How many cells ran their own round trip and how many cite their round-trip group's (`round_trip_of`)."""
+    cited = Counter(cell["round_trip_of"] for cell in cells if cell.get("round_trip_of"))
+    if not cited:
+        return []
+    example = next(cell for cell in cells if cell.get("round_trip_of"))
+    return ["", f"Round trips: {len(cited)} cells ran one that {sum(cited.values())} others cite: cells that differ "
+                "only in values whose round trips gave the same result in every group (the framework's "
+                "`[round_trip]`, measured by `benchmarks/round_trip_axes.py`) share one. Each citing cell names "
+                f"the cell that ran it (`round_trip_of`; the HTML report links it), e.g. `{example['id']}` cites "
+                f"`{example['round_trip_of']}`."]
+
+
+def _access(access: tuple[grid.GradAccess, ...], cells: list[Cell]) -> list[str]:
     """Where a user reads full grads and the clip norm, per plugin (sharded stacks hide it: ZeRO in its
-    optimizer, Gemini in chunks); plugins that share a way are listed together."""
+    optimizer, Gemini in chunks); plugins that share a way are listed together; then the shared round trips."""
     if not access:
         return []
     ways: dict[tuple[str, str, str], list[str]] = defaultdict(list)
@@ -307,7 +320,7 @@ def _access(access: tuple[grid.GradAccess, ...]) -> list[str]:
     return ["", "<details><summary>Where a user reads the full grad of a trainable param and the clip norm, and "
                 "how the <code>resume</code> check saved and loaded the model</summary>", "",
             *(f"- {_names(plugins)}: `{_inline(grad)}`; clip norm: {_inline(norm)}; save / load: `{_inline(save)}`"
-              for (grad, norm, save), plugins in ways.items()), "", "</details>"]
+              for (grad, norm, save), plugins in ways.items()), *_shared_trips(cells), "", "</details>"]
 
 
 def _grids(section: grid.Section) -> list[str]:
@@ -332,7 +345,7 @@ def _grids(section: grid.Section) -> list[str]:
             else:
                 lines += ["", f"<details><summary>activation checkpointing <code>{escape(checkpoint)}</code> — "
                               f"{_tally(cells)}</summary>", "", *table, "", "</details>"]
-    return lines + _access(section.grad_access)
+    return lines + _access(section.grad_access, _cells(section))
 
 
 def _where(cells: list[Cell], section_cells: list[Cell]) -> str:

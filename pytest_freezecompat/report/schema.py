@@ -77,8 +77,8 @@ CELL = Table(
               "cause": STRING_OR_NULL, "rule_known_issue": STRING_OR_NULL, "known_issue": (KNOWN_ISSUE, "null"),
               "finished_at": "string", "rendezvous_retries": "integer",
               "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean", "resume_api": "string",
-              "convention": "string", "differences": STRINGS, "severity": "string", "instead": ListOf(INSTEAD),
-              "workarounds": ListOf(PROOF),
+              "round_trip_of": "string", "convention": "string", "differences": STRINGS, "severity": "string",
+              "instead": ListOf(INSTEAD), "workarounds": ListOf(PROOF),
               **dict.fromkeys(LATER_AXES, "string")})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's

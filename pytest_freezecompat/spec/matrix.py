@@ -101,6 +101,14 @@ class Framework:
     #: Pip requirements (one string a pip call) that build an environment for any release, `{release}` in them
     #: replaced: how `freezecompat bisect` builds the releases between two the matrix runs.
     any_release: tuple[str, ...] = ()
+    #: Axis -> classes of its values whose cells take one save -> load path (`[round_trip]`): cells that differ only
+    #: within a class share one round trip. Measured, not assumed: `benchmarks/round_trip_axes.py` shows the
+    #: `resume` result of every group the same across each class in a report.
+    round_trip: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
+
+    def round_trip_value(self, axis: str, value: str) -> str:
+        """The value that stands for `value`'s round-trip class (itself where it shares with none)."""
+        return next((shared[0] for shared in self.round_trip.get(axis, ()) if value in shared), value)
 
     @property
     def environment(self) -> str:
@@ -304,7 +312,9 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
 
 
 FRAMEWORK_KEYS = {"framework", "adapter", "import", "package", "models", "plugins", "init", "checkpoint", "freeze",
-                  "clip", "environment", "rule", "user_models", "releases"}
+                  "clip", "environment", "rule", "user_models", "releases", "round_trip"}
+#: The axes whose values may share a round trip: they change how a cell trains, not which stack saves and loads.
+ROUND_TRIP_AXES = ("init", "checkpoint", "clip")
 ENVIRONMENT_KEYS = {"name", "release", "install", "python"}
 #: An environment's name is a folder's too (`.nox/<name>`, the report's shards): `composer-0.23`.
 ENVIRONMENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
@@ -423,6 +433,7 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None
     any_install = _str_list(src, any_release.get("install", []), "releases.install", "install")
     if any_install and not any("{release}" in line for line in any_install):
         raise src.error(f"framework {name}: [releases] install names no {{release}}", "install")
+    round_trip = _load_round_trip(src, name, body.get("round_trip", {}), axes)
     rules = body.get("rule", [])
     if not isinstance(rules, list):
         raise src.error(f"framework {name}: rules are written [[rule]]", "rule")
@@ -432,9 +443,34 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None
         releases=releases,
         rules=tuple(_load_rule(src, name, i, r, axes, declaration, user_models) for i, r in enumerate(rules)),
         where=src.where("framework"), user_models=user_models, package=str(body.get("package", name)),
-        any_release=any_install,
+        any_release=any_install, round_trip=round_trip,
     )
     return framework, environments
+
+
+def _load_round_trip(src: _Source, fw: str, table: Any, axes: dict[str, tuple[str, ...]]
+                     ) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """`[round_trip]`: axis = [[value, value, ...], ...], disjoint classes of the framework's own values."""
+    if not isinstance(table, dict):
+        raise src.error(f"framework {fw}: [round_trip] is a table of axis = [[value, ...], ...]", "round_trip")
+    classes: dict[str, tuple[tuple[str, ...], ...]] = {}
+    for axis, raw in table.items():
+        if axis not in ROUND_TRIP_AXES:
+            raise src.error(f"framework {fw}: round_trip.{axis}: only {', '.join(ROUND_TRIP_AXES)} may share a "
+                            "round trip", "round_trip")
+        if not isinstance(raw, list) or not all(isinstance(c, list) and len(c) > 1 for c in raw):
+            raise src.error(f"framework {fw}: round_trip.{axis} is a list of lists of two or more values",
+                            "round_trip")
+        seen: set[str] = set()
+        for value in (v for shared in raw for v in shared):
+            if value not in axes[axis]:
+                raise src.error(f"framework {fw}: round_trip.{axis}: {value!r} is not one of its {axis} values "
+                                f"({', '.join(axes[axis])})", "round_trip")
+            if value in seen:
+                raise src.error(f"framework {fw}: round_trip.{axis}: {value!r} is in two classes", "round_trip")
+            seen.add(value)
+        classes[axis] = tuple(tuple(str(v) for v in shared) for shared in raw)
+    return classes
 
 
 def load(path: str | Path | None = None) -> Spec:

@@ -10,6 +10,7 @@ import fnmatch
 import importlib.metadata
 import importlib.util
 import itertools
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -142,7 +143,17 @@ def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str
                    options=options, skip=str(skip) if skip else None,
                    known_issue=str(effects["known_issue"]) if "known_issue" in effects else None,
                    user_model=user.model if user else None, tolerance=dict(user.tolerance) if user else {},
-                   hyper=Hyper() if clip == LATER_AXES["clip"] else Hyper(max_norm=0.0))
+                   hyper=Hyper() if clip == LATER_AXES["clip"] else Hyper(max_norm=0.0),
+                   round_trip=round_trip_group(fw, key, effects, options))
+
+
+def round_trip_group(fw: Framework, key: CellKey, effects: dict[str, object], options: dict[str, object]) -> str:
+    """The cell's round-trip group: its id with each shared value replaced by its class's first, and whatever a
+    rule changed about how it runs (two cells a rule treats apart never share)."""
+    shared = CellKey(**{**key.as_dict(), **{axis: fw.round_trip_value(axis, getattr(key, axis))
+                                            for axis in fw.round_trip}})
+    ruled = {k: v for k, v in effects.items() if k not in ("known_issue", "skip")}
+    return f"{shared.id} {json.dumps({**ruled, 'options': options}, sort_keys=True, default=str)}"
 
 
 def plan(spec: Spec, selection: Selection, *, world_size: int, device: str, environment: str | None = None,

@@ -137,6 +137,17 @@ class CheckFailure:
         return {**data, **{k: v for k, v in facts.items() if v is not None}}
 
 
+@dataclass(frozen=True)
+class RoundTrip:
+    """A judged save -> load round trip, as the cells of its round-trip group cite it: the cell that ran it, the API
+    it went through, what it found (None: it held) and the notes it left."""
+
+    cell: str  # "" until the controller names it
+    api: str | None
+    problem: Problem | None
+    notes: tuple[str, ...] = ()
+
+
 @dataclass
 class Verdict:
     status: Status
@@ -152,6 +163,11 @@ class Verdict:
     convention: str | None = None
     #: What differs from the canonical loop without reaching a weight (the `differs` severity of a pass).
     differences: list[str] = field(default_factory=list)
+    #: The round trip this cell ran and judged (None: it ran none, or cited another cell's): its group's later cells
+    #: cite it.
+    round_trip: RoundTrip | None = None
+    #: The cell whose round trip this verdict took as its own (`judge`'s `cited`).
+    round_trip_of: str | None = None
 
 
 #: The phases our own code runs in (the pool's rendezvous, the probes' reads, the reference, the scenario's setup).
@@ -457,7 +473,8 @@ def _same(values: list[Any]) -> Any:
 
 
 def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = False,
-                  tolerance: dict[str, float] | None = None, lr: float = 1e-2, clips: bool = True) -> Verdict:
+                  tolerance: dict[str, float] | None = None, lr: float = 1e-2, clips: bool = True,
+                  cited: RoundTrip | None = None) -> Verdict:
     """Verdict for a cell whose ranks all replied; `tolerance` overrides fields of the precision's.
 
     `may_refuse`: the freeze pattern leaves nothing to train, so an error before the first step passes.
@@ -514,14 +531,24 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         elif trained:
             notes.append(f"judged against the loop '{convention}', the closest of the {len(conventions)} correct "
                          "loops tried")
-    resumed = (_check_resume(records, plan, tol, rooms, lr, clips, notes, convention)
-               if len(lead.steps) == len(lead.reference) else None)
+    ran_all = len(lead.steps) == len(lead.reference)
+    trip_notes: list[str] = []
+    if cited is not None:  # its group's round trip, judged on the cell that ran it
+        resumed, trip_notes = (cited.problem, list(cited.notes)) if ran_all else (None, [])
+        judged = None
+    else:
+        resumed = _check_resume(records, plan, tol, rooms, lr, clips, trip_notes, convention) if ran_all else None
+        judged = (RoundTrip("", lead.resume.api, resumed, tuple(trip_notes))
+                  if ran_all and lead.resume is not None else None)
+    notes.extend(trip_notes)
     if resumed:
         failures.append(((lead.resume.saved_after if lead.resume else 0) + 1, "resume", resumed))
     notes.extend(n for r in records for n in r.notes)
     matched = convention if len(conventions) > 1 else None
+    cited_id = cited.cell if cited is not None and ran_all else None
     if not failures:
-        return Verdict(Status.PASS, None, "", notes, convention=matched, differences=differences)
+        return Verdict(Status.PASS, None, "", notes, convention=matched, differences=differences, round_trip=judged,
+                       round_trip_of=cited_id)
     # The earliest step's first check is the root cause; later steps' problems of that check follow it.
     # Every failed check is kept, each with every param it named at any step.
     failures.sort(key=lambda f: (f[0], CHECKS.index(f[1])))
@@ -537,7 +564,7 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
             _same([problem.ranks_combine for _, problem in mine]), any(problem.raised for _, problem in mine) or None)
     first = next(iter(by_check.values()))
     return Verdict(Status.FAIL, first.check, first.message, notes, list(by_check.values()), convention=matched,
-                   differences=differences)
+                   differences=differences, round_trip=judged, round_trip_of=cited_id)
 
 
 def _without(values: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:
@@ -583,12 +610,13 @@ def _outside_differences(lead: RankRecord, outside: set[str], tol: Tolerance, ro
     return found
 
 
-def judge(run: CellRun, cell: Cell, timeout_s: float) -> Verdict:
-    """The cell's verdict from everything the pool saw, including hangs and crashes."""
+def judge(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | None = None) -> Verdict:
+    """The cell's verdict from everything the pool saw, including hangs and crashes; `cited`: the round trip of
+    its group it cites (`Cell.round_trip_of`), judged on the cell that ran it."""
     may_refuse, lr = cell.pattern.may_refuse, cell.hyper.lr
     if run.outcome is Outcome.DONE:
         return judge_records([s.record for s in run.ranks if s.record is not None], cell.precision, may_refuse,
-                             cell.tolerance, lr, cell.hyper.clips)
+                             cell.tolerance, lr, cell.hyper.clips, cited)
     if run.outcome is Outcome.TIMEOUT:
         phases = "; ".join(f"rank {s.rank}: {s.phase}" for s in run.ranks)
         return Verdict(Status.TIMEOUT, None, f"no result within {timeout_s:.0f} s ({phases})",

@@ -366,7 +366,7 @@ class ComposerAdapter(AdapterBase):
                     ctx.probe.note(f"optimizers=None: the Trainer built {type(trainer.state.optimizers[0]).__name__}")
                 probes = StepProbes(ctx.probe, first.view)
                 probes.wrapped()
-                resumes = ctx.cell.hyper.steps > SAVE_AFTER_STEP + 1
+                resumes = loop.runs_round_trip(ctx)
                 saves = _Probes(probes, tap, ctx.cell.hyper.clips, save_after=functools.partial(
                     loop.save, ctx, first, folder) if resumes else None)
                 first.fit(saves)

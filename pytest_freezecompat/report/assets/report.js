@@ -155,6 +155,12 @@
     add(dl, 'grad access', c.grad_access);
     add(dl, 'save → load (resume)', c.resume_api ? c.resume_api + ' · round trip ' + (c.resume || 'not judged')
       : 'no round trip');
+    if (c.round_trip_of) {
+      // Cells of one round-trip group take one save → load path: the first to judge it ran it, this one cites it.
+      const dd = el('dd', 'shared, run by ');
+      dd.append(cellLink(c.round_trip_of));
+      dl.append(el('dt', 'round trip'), dd);
+    }
     add(dl, 'grad norm source', c.grad_norm_source);
     if (c.duration_s !== null) add(dl, 'duration', c.duration_s + ' s');
     add(dl, 'cause', c.cause);
