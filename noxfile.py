@@ -1,25 +1,33 @@
 """Environments and jobs, read from the matrix data (matrix/frameworks/*.toml).
 
 Each framework pins its own torch, so each environment is its own virtualenv, `.nox/<env>`, shared by
-its `matrix-<env>` and `tests-<env>` sessions (built once per pin set, not once per session):
-  nox -t matrix   build every environment, run its slice of the matrix, merge into reports/
-  nox -t tests    build every environment, run the plugin's tests that belong to it; then a built wheel
-                  in fresh venvs, with and without torch
+its `matrix-<env>` and `tests-<env>` sessions (built once per pin set, not once per session), with uv where it is
+installed (`pip install nox uv`: one shared wheel cache, a CUDA torch environment in ~30 s), else pip:
+  nox -t matrix       a newcomer's run: the environments marked `first_run` (newest releases and the releases the seed
+                      cases need), each slice starting once its environment is built while the next one builds;
+                      then the report, into reports/
+  nox -t matrix-all   the same over every release (the nightly job, the published report)
+  nox -t tests        build every environment, run the plugin's tests that belong to it; then a built wheel
+                      in fresh venvs, with and without torch
   nox -s matrix-torch -- --freeze-matrix-select=plugin=fsdp2   one slice, extra pytest args
 FREEZECOMPAT_DROP_ENVIRONMENTS=1 removes each environment once its tests or its slice ran (CI: one CUDA torch on disk
-at a time; all ten environments together take ~45 GB).
+at a time; all twelve environments together take ~45 GB). A build's output is in .nox/<env>.build.log.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import nox
 
@@ -33,6 +41,7 @@ nox.options.error_on_missing_interpreters = True
 MATRIX_EXIT_CODES = [0, 1]
 
 
+@functools.cache
 def environments() -> dict[str, dict[str, Any]]:
     """Environment name -> its pins and the frameworks it owns, as the matrix loader merges them.
 
@@ -59,64 +68,157 @@ def interpreter(version: str) -> str:
                      f"install it (pyenv install {version}, or apt-get install python{version}-venv)")
 
 
+def uv() -> str | None:
+    """uv's binary where it is installed beside nox (`pip install nox uv`) or on PATH: environments then build with
+    it (a CUDA torch environment in ~30 s instead of 1-2 min of pip, every wheel from one shared cache); else pip."""
+    try:
+        import uv as packaged  # the PyPI package ships the binary and says where
+
+        return packaged.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
+def pip_find_links() -> list[str]:
+    """pip's configured --find-links (a machine's folder of local wheels, e.g. a CPU torch): uv reads no pip
+    configuration, so it is told, and takes the same wheels pip would."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            check=False).stdout
+    folders: list[str] = []
+    for line in listed.splitlines():  # `global.find-links='/opt/wheels'`, `:env:.find-links='...'`
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            folders += value.strip("'\"").split()
+    return [arg for folder in dict.fromkeys(folders) if Path(folder).is_dir() for arg in ("--find-links", folder)]
+
+
+class BuildError(RuntimeError):
+    """An environment could not be built: one line naming it, the failed command and its log."""
+
+
 class Environment:
     """One pin set's virtualenv, shared by the sessions that need it (nox would build one per session):
     rebuilt only when its pins, the interpreter or its setup modules change, the checkout installed editable each
     time. `setup`: modules run once with the environment's python right after it is built (`python -m <module>`,
-    see `pytest_freezecompat.spec.environments`); the environment counts as built only once they all succeeded."""
+    see `pytest_freezecompat.spec.environments`); the environment counts as built only once they all succeeded.
 
-    def __init__(self, session: nox.Session, name: str, pins: list[str], python: str = "",
-                 setup: list[str] | None = None) -> None:
-        self.session = session
+    Building touches no nox session (what it runs goes to `.nox/<name>.build.log`), so the `matrix` session builds
+    the next environment on a thread while the cells of this one run."""
+
+    def __init__(self, name: str, pins: list[str], python: str = "", setup: list[str] | None = None) -> None:
+        self.name = name
         self.location = ENVIRONMENTS / name
-        stamp = self.location / "freezecompat-pins.json"
+        self.log = ENVIRONMENTS / f"{name}.build.log"
+        self.pins, self.python, self.setup = pins, python, setup or []
         # An environment without setup keeps the stamp it always had (no rebuild of the existing ones).
-        wanted = json.dumps({"python": python or sys.version, "pins": pins, **({"setup": setup} if setup else {})})
-        built = stamp.is_file() and stamp.read_text() == wanted and self.bin("python").exists()
-        if not built:
-            shutil.rmtree(self.location, ignore_errors=True)
-            other = ["-p", interpreter(python)] if python else []  # a release that needs another Python
-            session.run_install(sys.executable, "-m", "virtualenv", "-q", *other, str(self.location))
-            for requirement in pins:  # one pip call per requirement string, in order: some stacks need torch first
-                self.pip("install", *requirement.split())
-        self.pip("install", "-q", "-e", ".[torch,test]")
-        if not built:
-            for module in setup or ():  # after the checkout is installed: setup modules live in it
-                session.run_install(str(self.bin("python")), "-m", module)
-            stamp.write_text(wanted)
+        self.wanted = json.dumps({"python": python or sys.version, "pins": pins, **({"setup": setup} if setup else {})})
+
+    def build(self) -> Environment:
+        """Build it unless it is built, then install this checkout into it; the seconds it took are logged."""
+        stamp = self.location / "freezecompat-pins.json"
+        built = stamp.is_file() and stamp.read_text() == self.wanted and self.bin("python").exists()
+        ENVIRONMENTS.mkdir(exist_ok=True)
+        with self.log.open("w") as log:
+            if not built:
+                shutil.rmtree(self.location, ignore_errors=True)
+                base = interpreter(self.python) if self.python else sys.executable  # a release needing another Python
+                tool = uv()
+                self._call(log, [tool, "venv", "-q", "--seed", "--python", base, str(self.location)] if tool else
+                           [sys.executable, "-m", "virtualenv", "-q", "-p", base, str(self.location)])
+                for requirement in self.pins:  # one install per requirement string, in order: some need torch first
+                    self.install(log, *requirement.split())
+            self.install(log, "-q", "-e", f"{ROOT}[torch,test]")
+            if not built:
+                for module in self.setup:  # after the checkout is installed: setup modules live in it
+                    self._call(log, [str(self.bin("python")), "-m", module])
+                stamp.write_text(self.wanted)
+        return self
+
+    def install(self, log: IO[str], *args: str) -> None:
+        tool = uv()
+        self._call(log, [tool, "pip", "install", "--python", str(self.bin("python")), *pip_find_links(), *args]
+                   if tool else [str(self.bin("python")), "-m", "pip", "install", *args])
+
+    def _call(self, log: IO[str], command: list[str]) -> None:
+        log.write(f"$ {shlex.join(command)}\n")
+        log.flush()
+        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode:
+            raise BuildError(f"environment {self.name}: `{shlex.join(command[:6])} ...` failed; its output: {self.log}")
 
     def bin(self, program: str) -> Path:
         return self.location / "bin" / program
 
-    def pip(self, *args: str) -> None:
-        self.session.run_install(str(self.bin("python")), "-m", "pip", *args)
-
-    def run(self, program: str, *args: str, **kwargs: object) -> str | bool | None:
-        return self.session.run(str(self.bin(program)), *args, **kwargs)
+    def run(self, session: nox.Session, program: str, *args: str, **kwargs: Any) -> str | bool | None:
+        return session.run(str(self.bin(program)), *args, **kwargs)
 
     def drop_if_asked(self) -> None:
         if os.environ.get("FREEZECOMPAT_DROP_ENVIRONMENTS") == "1":
             shutil.rmtree(self.location, ignore_errors=True)
 
 
-def _matrix_session(name: str, pins: list[str], python: str, setup: list[str]) -> None:
-    @nox.session(name=f"matrix-{name}", tags=["matrix"], venv_backend="none")
+def built(session: nox.Session, name: str) -> Environment:
+    """The environment `name`, built (a failed build stops the session in one line)."""
+    env = environments()[name]
+    started = time.perf_counter()
+    try:
+        ready = Environment(name, env["install"], env["python"], env["setup"]).build()
+    except BuildError as exc:
+        session.error(str(exc))
+    session.log(f"environment {name} ready in {time.perf_counter() - started:.0f} s")
+    return ready
+
+
+def run_slice(session: nox.Session, env: Environment) -> None:
+    """The environment's slice of the matrix into its shard, with its exact versions beside it."""
+    name = env.name
+    frozen = env.run(session, "python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+    if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
+        shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
+    if isinstance(frozen, str):  # None under --install-only; the editable line (this checkout) is left out
+        (SHARDS / name).mkdir(parents=True, exist_ok=True)
+        (SHARDS / name / "pip-freeze.txt").write_text(frozen)
+    # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
+    env.run(session, "pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
+            f"--freeze-matrix-report={SHARDS.relative_to(ROOT) / name}", "-p", "no:cacheprovider", "-q", "examples",
+            *session.posargs, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
+
+
+def _matrix_session(name: str) -> None:
+    @nox.session(name=f"matrix-{name}", venv_backend="none")
     def matrix(session: nox.Session) -> None:
-        env = Environment(session, name, pins, python, setup)
-        frozen = env.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
-        if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
-            shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
-        if isinstance(frozen, str):  # None under --install-only; the editable line (this checkout) is left out
-            (SHARDS / name).mkdir(parents=True, exist_ok=True)
-            (SHARDS / name / "pip-freeze.txt").write_text(frozen)
-        # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
-        env.run("pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
-                f"--freeze-matrix-report={SHARDS / name}", "-p", "no:cacheprovider", "-q", "examples",
-                *session.posargs, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
+        env = built(session, name)
+        run_slice(session, env)
         env.drop_if_asked()
 
 
-def _tests_session(name: str, pins: list[str], frameworks: list[str], python: str, setup: list[str]) -> None:
+def run_slices(session: nox.Session, names: list[str]) -> None:
+    """Each environment's slice in turn, the next environment built on a thread meanwhile (a build waits on the
+    network and the disk, cells on the CPU): the first cells start once the first environment is built."""
+    with ThreadPoolExecutor(max_workers=1) as builder:
+        builds = {name: builder.submit(built, session, name) for name in names}
+        try:
+            for name in names:
+                env = builds[name].result()
+                run_slice(session, env)
+                env.drop_if_asked()
+        finally:  # a failed slice or build stops here: no build that has not started yet starts
+            builder.shutdown(cancel_futures=True)
+
+
+@nox.session(name="matrix", tags=["matrix"], venv_backend="none")
+def first_run(session: nox.Session) -> None:
+    """A newcomer's run: the environments marked `first_run` (the newest release of every framework and the releases
+    the seed cases need); `nox -t matrix-all` runs every release."""
+    run_slices(session, [name for name, env in environments().items() if env["first_run"]])
+
+
+@nox.session(name="matrix-all", tags=["matrix-all"], venv_backend="none")
+def every_release(session: nox.Session) -> None:
+    """The whole matrix, every release of every framework: the nightly job and the published report."""
+    run_slices(session, list(environments()))
+
+
+def _tests_session(name: str, frameworks: list[str]) -> None:
     @nox.session(name=f"tests-{name}", tags=["tests"], venv_backend="none")
     def tests(session: nox.Session) -> None:
         # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
@@ -124,18 +226,18 @@ def _tests_session(name: str, pins: list[str], frameworks: list[str], python: st
         paths = [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
         if name != "torch" and not paths:
             session.skip(f"no adapter tests for {', '.join(frameworks)}: its release runs in the matrix only")
-        env = Environment(session, name, pins, python, setup)
+        env = built(session, name)
         if name == "torch":  # the engine's own tests run once, in the torch environment
-            env.run("ruff", "check", ".")
-            env.run("pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
+            env.run(session, "ruff", "check", ".")
+            env.run(session, "pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
         if paths:
-            env.run("pytest", *paths, *session.posargs)
+            env.run(session, "pytest", *paths, *session.posargs)
         env.drop_if_asked()
 
 
 for _name, _env in environments().items():
-    _matrix_session(_name, _env["install"], _env["python"], _env["setup"])
-    _tests_session(_name, _env["install"], _env["frameworks"], _env["python"], _env["setup"])
+    _matrix_session(_name)
+    _tests_session(_name, _env["frameworks"])
 
 
 @nox.session(tags=["tests"], reuse_venv="no")
@@ -159,7 +261,7 @@ def wheel(session: nox.Session) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-@nox.session(tags=["matrix"])
+@nox.session(tags=["matrix", "matrix-all"], venv_backend="uv|virtualenv")
 def report(session: nox.Session) -> None:
     """Merge the shards of every environment into the published report (no torch needed)."""
     shards = [str(SHARDS / env / "matrix.json") for env in environments() if (SHARDS / env / "matrix.json").exists()]

@@ -12,12 +12,24 @@ report it wrote: wall time, cell time (the sum of `duration_s`), the median cell
 - fresh launch: the first few cells of the slice each on a brand-new pool (a pool-less runner's cost),
   against the same cells' warm times in the same run.
 Prints a JSON summary and the Markdown the README's Performance section shows.
+
+    .nox/torch/bin/python benchmarks/bench_matrix.py --compare 74f9877 [--environments torch,megatron]
+        [--after-shards .freeze-matrix/shards]
+
+Before vs after in one run on one machine: for each environment (all by default) its whole slice at commit
+`--compare` (a git worktree, run by the environment's own python with that checkout first on PYTHONPATH), then at
+this checkout, one after the other; per framework release: cells, cell time, time per phase, both ways, and the cells
+whose status or severity changed. `--after-shards`: keep the after runs as the environments' shards (with their
+`pip freeze`), so `nox -s report` publishes exactly what was measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,17 +44,20 @@ from pytest_freezecompat.core.phases import KINDS
 from pytest_freezecompat.spec import matrix as spec
 from pytest_freezecompat.spec.plan import Selection, plan
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ROOT = Path(__file__).resolve().parent.parent
 #: The phases that are the cell's own work; the rest is what running it on warm ranks costs.
 COMPUTE = ("build", "wrap", "steps", "probes", "reference", "groups")
 
 
-def run_slice(environment: str, report_dir: Path) -> tuple[float, list[dict[str, Any]]]:
-    """The environment's slice as `nox -s matrix-<environment>` runs it: the built-in matrix and the examples."""
+def run_slice(environment: str, report_dir: Path, python: str = sys.executable, checkout: Path = ROOT
+              ) -> tuple[float, list[dict[str, Any]]]:
+    """The environment's slice as `nox -s matrix-<environment>` runs it: the built-in matrix and the examples
+    (those of `checkout`, whose package comes first on the path)."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pytest", "--freeze-matrix", f"--freeze-matrix-environment={environment}",
+    subprocess.run([python, "-m", "pytest", "--freeze-matrix", f"--freeze-matrix-environment={environment}",
                     f"--freeze-matrix-report={report_dir}", "-p", "no:cacheprovider", "-q", "--no-header",
-                    str(EXAMPLES)], check=False, stdout=subprocess.DEVNULL)
+                    "examples"], check=False, stdout=subprocess.DEVNULL, cwd=checkout,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)})
     return time.perf_counter() - started, json.loads((report_dir / "matrix.json").read_text())["cells"]
 
 
@@ -166,6 +181,69 @@ def benchmark(environment: str, rounds: int, fresh_samples: int, restart_samples
     }
 
 
+def cell_time(cells: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
+    """(seconds of cell time, seconds per phase kind) over the cells that ran."""
+    phases: dict[str, float] = defaultdict(float)
+    for cell in cells:
+        for kind, seconds in (cell.get("phases_s") or {}).items():
+            phases[kind] += seconds
+    return sum(c.get("duration_s") or 0.0 for c in cells if c["status"] != "skip"), phases
+
+
+@contextlib.contextmanager
+def worktree(revision: str) -> Any:
+    """A checkout of `revision` in a temporary folder, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="freezecompat-before-"))
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(folder), revision], cwd=ROOT, check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=ROOT, check=False)
+
+
+def compare(revision: str, environments: list[str], after_shards: Path | None) -> str:
+    """Each environment's slice at `revision`, then at this checkout; the Markdown of both, per framework release."""
+    rows = []
+    with worktree(revision) as before_checkout, tempfile.TemporaryDirectory() as tmp:
+        for env in environments:
+            python = str(ROOT / ".nox" / env / "bin" / "python")
+            before_wall, before = run_slice(env, Path(tmp) / "before" / env, python, before_checkout)
+            shard = after_shards / env if after_shards else Path(tmp) / "after" / env
+            shutil.rmtree(shard, ignore_errors=True)
+            after_wall, after = run_slice(env, shard.resolve(), python)
+            if after_shards:
+                frozen = subprocess.run([python, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
+                                        text=True, check=True).stdout
+                (shard / "pip-freeze.txt").write_text(frozen)
+            old = {c["id"]: (c["status"], c.get("severity")) for c in before}
+            changed = [c["id"] for c in after if c["id"] in old and old[c["id"]] != (c["status"], c.get("severity"))]
+            release = next((f"{c['framework']} {c.get('release', '')}" for c in after if c["status"] != "skip"), env)
+            rows.append((env, release, before, after, before_wall, after_wall, changed))
+            print(f"{env}: {len(after)} cells, cell time {cell_time(before)[0]:.0f} s -> {cell_time(after)[0]:.0f} s, "
+                  f"{len(changed)} changed", file=sys.stderr, flush=True)
+    return compare_markdown(rows)
+
+
+def compare_markdown(rows: list[tuple[str, str, list[Any], list[Any], float, float, list[str]]]) -> str:
+    kinds = [k for k in (*KINDS, "other") if any(cell_time(r[2])[1].get(k) or cell_time(r[3])[1].get(k) for r in rows)]
+    lines = ["| framework release | cells | cell time s (before → after) | pytest wall s | changed | "
+             + " | ".join(kinds) + " |", "|---" * (5 + len(kinds)) + "|"]
+    totals = [0.0, 0.0, 0.0, 0.0]
+    for _env, release, before, after, before_wall, after_wall, changed in rows:
+        (b_total, b_phases), (a_total, a_phases) = cell_time(before), cell_time(after)
+        totals = [totals[0] + b_total, totals[1] + a_total, totals[2] + before_wall, totals[3] + after_wall]
+        lines.append(f"| {release} | {len(after)} | {b_total:.0f} → {a_total:.0f} | {before_wall:.0f} → "
+                     f"{after_wall:.0f} | {len(changed)} | " + " | ".join(
+                         f"{b_phases.get(k, 0):.0f} → {a_phases.get(k, 0):.0f}" for k in kinds) + " |")
+    lines.append(f"| **all** | {sum(len(r[3]) for r in rows)} | **{totals[0]:.0f} → {totals[1]:.0f}** "
+                 f"({totals[0] / 60:.1f} → {totals[1] / 60:.1f} min) | {totals[2]:.0f} → {totals[3]:.0f} | "
+                 f"{sum(len(r[6]) for r in rows)} |" + " |" * len(kinds))
+    changed = [cell for r in rows for cell in r[6]]
+    if changed:
+        lines += ["", "Changed (status or severity): " + ", ".join(f"`{c}`" for c in changed[:40])]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--environment", default="torch")
@@ -173,7 +251,16 @@ def main() -> None:
     parser.add_argument("--fresh-samples", type=int, default=5)
     parser.add_argument("--restart-samples", type=int, default=5)
     parser.add_argument("--from-report", type=Path, help="only print the phase table of this matrix.json")
+    parser.add_argument("--compare", metavar="REVISION", help="before (REVISION) vs after (this checkout)")
+    parser.add_argument("--environments", default="", help="with --compare: comma-separated (default: all)")
+    parser.add_argument("--after-shards", type=Path, help="with --compare: keep the after runs as shards here")
     args = parser.parse_args()
+    if args.compare:
+        from pytest_freezecompat.spec.matrix import load
+
+        names = [n for n in args.environments.split(",") if n] or list(load().environments)
+        print(compare(args.compare, names, args.after_shards))
+        return
     if args.from_report:
         print(markdown(by_framework(json.loads(args.from_report.read_text())["cells"])))
         return

@@ -54,3 +54,15 @@ def test_a_user_module_that_starts_a_thread_is_left_to_the_ranks(tmp_path: Path,
     finally:
         pool.shutdown()
     assert len(list(tmp_path.iterdir())) == 4  # two templates, twice
+
+
+def test_a_pool_keeps_its_folder_in_memory_unless_the_caller_names_a_tmpdir(monkeypatch, tmp_path):
+    from pytest_freezecompat.controller import pool as pool_module
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert pool_module.workdir_root() is None  # tempfile then uses TMPDIR: a shared folder the caller chose
+    monkeypatch.delenv("TMPDIR")
+    monkeypatch.setattr(pool_module, "MEMORY_FOLDER", tmp_path)
+    assert pool_module.workdir_root() == str(tmp_path)
+    monkeypatch.setattr(pool_module, "MEMORY_FOLDER", tmp_path / "absent")
+    assert pool_module.workdir_root() is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,15 +28,16 @@ def cell(plugin: str, freeze: str) -> Cell:
                               freeze=freeze, clip="clip")
 
 
-def folders() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"))
+def folders(pool: RankPool) -> set[Path]:
+    """The round trips' folders the pool's ranks have (each rank's TMPDIR is inside the pool's folder)."""
+    return set(pool._workdir.rglob(FOLDER_PREFIX + "*"))
 
 
 @pytest.mark.parametrize(("plugin", "api"), [("ddp", "torch.save"), ("fsdp1", "FULL_STATE_DICT"),
                                              ("fsdp1-orig-params", "SHARDED_STATE_DICT"), ("fsdp2", "get_state_dict")])
 def test_each_save_api_round_trips_a_frozen_embedding(pool: RankPool, plugin: str, api: str) -> None:
     c = cell(plugin, "embedding" if plugin != "fsdp1" else "decoder")  # flat params refuse a mixed unit
-    before = folders()
+    before = folders(pool)
     result = pool.run(c, TIMEOUT_S)
     verdict = checks.judge(result, c, TIMEOUT_S)
     assert verdict.status == "pass", verdict.message
@@ -45,7 +45,8 @@ def test_each_save_api_round_trips_a_frozen_embedding(pool: RankPool, plugin: st
     assert api in resume.api
     assert set(result.ranks[0].record.plan.names) <= set(resume.saved_params)  # frozen ones saved too
     assert resume.steps[1].params is not None and resume.loaded is not None
-    assert folders() == before  # the cell's folder is gone with it
+    assert folders(pool) == before  # the cell's folder is gone with it
+    assert any(pool._workdir.glob("*.tmp")), "no rank TMPDIR in the pool's folder: the check looks elsewhere"
 
 
 @pytest.mark.parametrize("plugin", ["ddp", "fsdp1", "fsdp1-orig-params", "fsdp2"])
@@ -77,9 +78,9 @@ def test_a_cell_that_cites_its_groups_round_trip_runs_none_and_takes_its_result(
     trip = dataclasses.replace(judged.round_trip, cell=first.key.id)
     later = dataclasses.replace(cell("ddp", "embedding"), key=dataclasses.replace(first.key, clip="no-clip"),
                                 round_trip_of=first.key.id)
-    before = folders()
+    before = folders(pool)
     result = pool.run(later, TIMEOUT_S)
-    assert result.ranks[0].record.resume is None and folders() == before  # no save, no load, no folder
+    assert result.ranks[0].record.resume is None and folders(pool) == before  # no save, no load, no folder
     verdict = checks.judge(result, later, TIMEOUT_S, trip)
     assert (verdict.status, verdict.check, verdict.round_trip_of) == ("fail", "resume", first.key.id)
     assert verdict.round_trip is None  # a cited round trip is not cited again as this cell's

@@ -236,7 +236,8 @@ def test_round_trip_classes_group_cells_that_take_one_save_and_load_path(tmp_pat
     ('plugin = [["ddp", "ddp"]]', r"round_trip.plugin: only init, checkpoint, clip may share a round trip"),
     ('checkpoint = [["none", "full"]]', r"round_trip.checkpoint: 'full' is not one of its checkpoint values"),
     ('checkpoint = ["none"]', r"round_trip.checkpoint is a list of lists of two or more values"),
-    ('checkpoint = [["none", "reentrant"], ["reentrant", "non-reentrant"]]', r"round_trip.checkpoint: 'reentrant' is in two classes"),
+    ('checkpoint = [["none", "reentrant"], ["reentrant", "non-reentrant"]]',
+     r"round_trip.checkpoint: 'reentrant' is in two classes"),
 ])
 def test_a_bad_round_trip_class_is_one_line(tmp_path, table, message):
     text = GOOD.replace('checkpoint = ["none"]', 'checkpoint = ["none", "reentrant", "non-reentrant"]')

@@ -97,6 +97,19 @@ def _collectives_disagree(records: list[RankRecord]) -> str | None:
     return None
 
 
+#: Memory-backed (tmpfs) where Linux has it: the pool's folder holds its ranks' TMPDIRs, so the round trips' saves
+#: (a cell's whole checkpoint, Megatron's with an fsync per file) write to memory, not the disk.
+MEMORY_FOLDER = Path("/dev/shm")
+
+
+def workdir_root() -> str | None:
+    """Where a pool makes its folder (logs, stacks, the ranks' TMPDIRs): the caller's TMPDIR where one is set (several
+    hosts need a shared one), else memory where the machine has it, else the system's temporary folder."""
+    if os.environ.get("TMPDIR") or not (MEMORY_FOLDER.is_dir() and os.access(MEMORY_FOLDER, os.W_OK)):
+        return None
+    return str(MEMORY_FOLDER)
+
+
 class RankPool:
     def __init__(self, world_size: int, preload: list[str], user_modules: Sequence[str] = ()) -> None:
         self.world_size = world_size
@@ -104,7 +117,7 @@ class RankPool:
         #: Modules of users' `@freeze_case` functions: imported in the templates too, unless one leaves a
         #: thread running (then they are left to each rank, as before the templates; `_start_templates`).
         self.user_modules = list(user_modules)
-        self._workdir = Path(tempfile.mkdtemp(prefix="freezecompat-pool-"))
+        self._workdir = Path(tempfile.mkdtemp(prefix="freezecompat-pool-", dir=workdir_root()))
         self._templates: list[Template] = []
         self._procs: list[ForkedRank] = []
         self._conns: list[Connection] = []

@@ -30,13 +30,17 @@ class Environment:
     #: `3.10`: the interpreter its virtualenv is made with, where a release cannot import on the default one
     #: (colossalai 0.3.4's legacy dataclasses fail on 3.11); "": the one running nox.
     python: str = ""
+    #: Part of a newcomer's first run (`nox -t matrix`); false: only the whole matrix (`nox -t matrix-all`, the nightly
+    #: job) runs it. The framework file's `first_run`.
+    first_run: bool = True
 
 
 def merge_environment(environments: dict[str, Environment], env: Environment) -> None:
     """Several framework files may share an environment: the first that gives pins sets them."""
     known = environments.get(env.name)
     environments[env.name] = env if known is None else Environment(
-        env.name, known.install or env.install, known.frameworks + env.frameworks, known.python or env.python)
+        env.name, known.install or env.install, known.frameworks + env.frameworks, known.python or env.python,
+        known.first_run and env.first_run)
 
 
 def setup_modules(adapters: Iterable[str]) -> list[str]:
@@ -63,6 +67,7 @@ def main(argv: list[str]) -> int:
         print(f"freezecompat: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({name: {"install": list(env.install), "frameworks": list(env.frameworks), "python": env.python,
+                             "first_run": env.first_run,
                              "setup": setup_modules(spec.frameworks[fw].adapter for fw in env.frameworks
                                                     if fw in spec.frameworks)}
                       for name, env in spec.environments.items()}))

@@ -315,7 +315,7 @@ FRAMEWORK_KEYS = {"framework", "adapter", "import", "package", "models", "plugin
                   "clip", "environment", "rule", "user_models", "releases", "round_trip"}
 #: The axes whose values may share a round trip: they change how a cell trains, not which stack saves and loads.
 ROUND_TRIP_AXES = ("init", "checkpoint", "clip")
-ENVIRONMENT_KEYS = {"name", "release", "install", "python"}
+ENVIRONMENT_KEYS = {"name", "release", "install", "python", "first_run"}
 #: An environment's name is a folder's too (`.nox/<name>`, the report's shards): `composer-0.23`.
 ENVIRONMENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
@@ -386,12 +386,16 @@ def _load_environments(src: _Source, fw: str, raw: Any) -> tuple[list[Environmen
         if table["name"] in (e.name for e in environments) or version in (r.version for r in releases if version):
             raise src.error(f"framework {fw}: environment {table['name']!r} or its release is named twice",
                             table["name"])
+        first = table.get("first_run", True)
+        if not isinstance(first, bool):
+            raise src.error(f"framework {fw}: environment {table['name']!r}: first_run is true or false", "first_run")
         python = table.get("python", "")
         if not isinstance(python, str) or (python and not re.match(r"^3\.\d+$", python)):
             raise src.error(f"framework {fw}: environment {table['name']!r}: python {python!r} is not 3.<minor>",
                             "python")
         environments.append(Environment(table["name"], _str_list(src, table.get("install", []),
-                                                                 "environment.install", "install"), (fw,), python))
+                                                                 "environment.install", "install"), (fw,), python,
+                                        first))
         releases.append(Release(str(version), table["name"]))
     return environments, tuple(releases)
 

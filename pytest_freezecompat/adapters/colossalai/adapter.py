@@ -25,7 +25,9 @@ Booster, `boost`, `booster.load_model(model, path)` and `booster.load_optimizer(
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib
 import json
 import shutil
 from collections.abc import Callable
@@ -115,6 +117,17 @@ class ZeroView(PlainView):
             grad = zero_param_grad(optimizer, param) if id(param) in managed else param.grad
             grads[name] = None if grad is None else grad.detach().clone()
         return grads
+
+
+def warm_up() -> None:
+    """Once in each rank template, the imports every fresh rank would make in its first cell: the shim's Gemini
+    patches import `colossalai.legacy` (apex amp, the parallel context, TorchScript-compiled helpers: ~1 s a
+    process, again after every restart) and the Gemini modules they patch."""
+    from .emulation import GEMINI_MODULES
+
+    for module in ("colossalai.legacy.utils.memory", *GEMINI_MODULES):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
 
 
 def fsdp_view(model: Any, optimizer: Any) -> FSDP1View:
