@@ -110,34 +110,46 @@ class Environment:
         self.location = ENVIRONMENTS / name
         self.log = ENVIRONMENTS / f"{name}.build.log"
         self.pins, self.python, self.setup = pins, python, setup or []
+        self.tool: str | None = None  # the installer of the attempt under way: uv's binary, or None for pip
         # An environment without setup keeps the stamp it always had (no rebuild of the existing ones).
         self.wanted = json.dumps({"python": python or sys.version, "pins": pins, **({"setup": setup} if setup else {})})
 
     def build(self) -> Environment:
-        """Build it unless it is built, then install this checkout into it; the seconds it took are logged."""
+        """Build it unless it is built, then install this checkout into it. With uv first; should uv fail where pip
+        would not (a release's legacy build), once more with pip, both attempts in the log."""
         stamp = self.location / "freezecompat-pins.json"
         built = stamp.is_file() and stamp.read_text() == self.wanted and self.bin("python").exists()
         ENVIRONMENTS.mkdir(exist_ok=True)
         with self.log.open("w") as log:
-            if not built:
-                shutil.rmtree(self.location, ignore_errors=True)
-                base = interpreter(self.python) if self.python else sys.executable  # a release needing another Python
-                tool = uv()
-                self._call(log, [tool, "venv", "-q", "--seed", "--python", base, str(self.location)] if tool else
-                           [sys.executable, "-m", "virtualenv", "-q", "-p", base, str(self.location)])
-                for requirement in self.pins:  # one install per requirement string, in order: some need torch first
-                    self.install(log, *requirement.split())
-            self.install(log, "-q", "-e", f"{ROOT}[torch,test]")
-            if not built:
-                for module in self.setup:  # after the checkout is installed: setup modules live in it
-                    self._call(log, [str(self.bin("python")), "-m", module])
-                stamp.write_text(self.wanted)
+            tools = dict.fromkeys([uv(), None])  # uv where installed, then pip
+            for attempt, tool in enumerate(tools, 1):
+                self.tool = tool
+                try:
+                    self._build(log, built)
+                    break
+                except BuildError as exc:
+                    if attempt == len(tools):
+                        raise
+                    log.write(f"# {exc}: again with pip\n")
         return self
 
+    def _build(self, log: IO[str], built: bool) -> None:
+        if not built:
+            shutil.rmtree(self.location, ignore_errors=True)
+            base = interpreter(self.python) if self.python else sys.executable  # a release needing another Python
+            self._call(log, [self.tool, "venv", "-q", "--seed", "--python", base, str(self.location)] if self.tool
+                       else [sys.executable, "-m", "virtualenv", "-q", "-p", base, str(self.location)])
+            for requirement in self.pins:  # one install per requirement string, in order: some need torch first
+                self.install(log, *requirement.split())
+        self.install(log, "-q", "-e", f"{ROOT}[torch,test]")
+        if not built:
+            for module in self.setup:  # after the checkout is installed: setup modules live in it
+                self._call(log, [str(self.bin("python")), "-m", module])
+            (self.location / "freezecompat-pins.json").write_text(self.wanted)
+
     def install(self, log: IO[str], *args: str) -> None:
-        tool = uv()
-        self._call(log, [tool, "pip", "install", "--python", str(self.bin("python")), *pip_find_links(), *args]
-                   if tool else [str(self.bin("python")), "-m", "pip", "install", *args])
+        self._call(log, [self.tool, "pip", "install", "--python", str(self.bin("python")), *pip_find_links(), *args]
+                   if self.tool else [str(self.bin("python")), "-m", "pip", "install", *args])
 
     def _call(self, log: IO[str], command: list[str]) -> None:
         log.write(f"$ {shlex.join(command)}\n")
