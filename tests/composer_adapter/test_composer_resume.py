@@ -77,3 +77,14 @@ def test_a_load_that_leaves_one_param_fresh_is_caught(pool: RankPool, plugin: st
     message = resume_message(verdict)
     assert "after load, values differ from what was saved" in message and param in message, message
     assert records[0].resume.error is None  # Composer loaded without complaint
+
+
+def test_a_cell_that_cites_its_groups_round_trip_gives_the_trainer_no_folder(pool: RankPool) -> None:
+    """Composer's Trainer saves by itself once it has a `save_folder`: a cell that cites another's round trip must
+    give it none (here the save would raise: FSDP1's optimizer state dict misses the params outside the optimizer)."""
+    own = cell("fsdp1-orig-params", "optimizer-subset")
+    assert "resume: save" in resume_message(run(pool, own)[0])
+    cited = dataclasses.replace(own, round_trip_of="the/cell/that/ran/it")
+    verdict, records = run(pool, cited)
+    assert verdict.status != "error", verdict.message
+    assert all(r.resume is None for r in records)

@@ -361,12 +361,13 @@ class ComposerAdapter(AdapterBase):
             with ctx.emulation(), loop.shared_folder(ctx) as folder:
                 first = _Run(ctx, ctx.cell.key.plugin, tap)
                 ctx.probe.phase(f"Trainer init ({first.base})")
-                trainer = first.start(save_folder=folder)
+                resumes = loop.runs_round_trip(ctx)
+                # The Trainer saves on its own once given a folder: a cell that cites its group's round trip has none.
+                trainer = first.start(save_folder=folder if resumes else None)
                 if first.default_optimizer and ctx.rank == 0:
                     ctx.probe.note(f"optimizers=None: the Trainer built {type(trainer.state.optimizers[0]).__name__}")
                 probes = StepProbes(ctx.probe, first.view)
                 probes.wrapped()
-                resumes = loop.runs_round_trip(ctx)
                 saves = _Probes(probes, tap, ctx.cell.hyper.clips, save_after=functools.partial(
                     loop.save, ctx, first, folder) if resumes else None)
                 first.fit(saves)
