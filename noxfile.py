@@ -68,6 +68,7 @@ def interpreter(version: str) -> str:
                      f"install it (pyenv install {version}, or apt-get install python{version}-venv)")
 
 
+@functools.cache
 def uv() -> str | None:
     """uv's binary where it is installed beside nox (`pip install nox uv`) or on PATH: environments then build with
     it (a CUDA torch environment in ~30 s instead of 1-2 min of pip, every wheel from one shared cache); else pip."""
@@ -79,7 +80,8 @@ def uv() -> str | None:
         return shutil.which("uv")
 
 
-def pip_find_links() -> list[str]:
+@functools.cache
+def pip_find_links() -> tuple[str, ...]:
     """pip's configured --find-links (a machine's folder of local wheels, e.g. a CPU torch): uv reads no pip
     configuration, so it is told, and takes the same wheels pip would."""
     listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
@@ -89,7 +91,7 @@ def pip_find_links() -> list[str]:
         key, _, value = line.partition("=")
         if key.endswith(".find-links"):
             folders += value.strip("'\"").split()
-    return [arg for folder in dict.fromkeys(folders) if Path(folder).is_dir() for arg in ("--find-links", folder)]
+    return tuple(arg for folder in dict.fromkeys(folders) if Path(folder).is_dir() for arg in ("--find-links", folder))
 
 
 class BuildError(RuntimeError):

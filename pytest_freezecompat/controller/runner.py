@@ -161,7 +161,7 @@ class MatrixRun:
                 f"({short_paths(where.filename)}:{where.lineno} in {where.name})", cause="harness"))
         judging = time.perf_counter()
         verdict = checks.judge(run, cell, self.options.timeout_s, cited)
-        if verdict.round_trip is not None and cell.round_trip and cited is None:
+        if verdict.round_trip is not None and cell.round_trip:  # set only where the cell cited none
             self.round_trips[cell.round_trip] = dataclasses.replace(verdict.round_trip, cell=cell.key.id)
         facts = checks.run_facts(run, cell)
         if verdict.round_trip_of is not None and cited is not None:
