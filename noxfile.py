@@ -7,8 +7,8 @@ installed (`pip install nox uv`: one shared wheel cache, a CUDA torch environmen
                       cases need), each slice starting once its environment is built while the next one builds;
                       then the report, into reports/
   nox -t matrix-all   the same over every release (the nightly job, the published report)
-  nox -t tests        build every environment, run the plugin's tests that belong to it; then a built wheel
-                      in fresh venvs, with and without torch
+  nox -t tests        every environment's tests (the next one built while this one's run); then a built wheel
+                      in fresh venvs, with and without torch; `nox -s tests-<env>` one environment's
   nox -s matrix-torch -- --freeze-matrix-select=plugin=fsdp2   one slice, extra pytest args
 FREEZECOMPAT_DROP_ENVIRONMENTS=1 removes each environment once its tests or its slice ran (CI: one CUDA torch on disk
 at a time; all twelve environments together take ~45 GB). A build's output is in .nox/<env>.build.log.
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -205,18 +206,23 @@ def _matrix_session(name: str) -> None:
         env.drop_if_asked()
 
 
-def run_slices(session: nox.Session, names: list[str]) -> None:
-    """Each environment's slice in turn, the next environment built on a thread meanwhile (a build waits on the
-    network and the disk, cells on the CPU): the first cells start once the first environment is built."""
+def pipelined(session: nox.Session, names: list[str], job: Callable[[Environment], None]) -> None:
+    """`job` on each environment in turn, the next environment built on a thread meanwhile (a build waits on the
+    network and the disk, cells and tests on the CPU): the first job starts once the first environment is built."""
     with ThreadPoolExecutor(max_workers=1) as builder:
         builds = {name: builder.submit(built, session, name) for name in names}
         try:
             for name in names:
                 env = builds[name].result()
-                run_slice(session, env)
+                job(env)
                 env.drop_if_asked()
-        finally:  # a failed slice or build stops here: no build that has not started yet starts
+        finally:  # a failed job or build stops here: no build that has not started yet starts
             builder.shutdown(cancel_futures=True)
+
+
+def run_slices(session: nox.Session, names: list[str]) -> None:
+    """Each environment's slice in turn, built while the one before runs."""
+    pipelined(session, names, functools.partial(run_slice, session))
 
 
 @nox.session(name="matrix", tags=["matrix"], venv_backend="none")
@@ -232,26 +238,48 @@ def every_release(session: nox.Session) -> None:
     run_slices(session, list(environments()))
 
 
-def _tests_session(name: str, frameworks: list[str]) -> None:
-    @nox.session(name=f"tests-{name}", tags=["tests"], venv_backend="none")
+def adapter_tests(frameworks: list[str]) -> list[str]:
+    # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
+    # would import as an empty namespace package wherever the framework is not installed.
+    return [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
+
+
+def run_tests(session: nox.Session, env: Environment) -> None:
+    """The plugin's tests that belong to the environment: the engine's own in the torch one (framework tests skip
+    there), each framework's adapter tests in its releases' environments."""
+    if env.name == "torch":
+        env.run(session, "ruff", "check", ".")
+        env.run(session, "pytest", "-n", "2", "tests", *session.posargs)
+    paths = adapter_tests(environments()[env.name]["frameworks"])
+    if paths:
+        env.run(session, "pytest", *paths, *session.posargs)
+
+
+def tested() -> list[str]:
+    """The environments with tests to run, the torch one first (the longest run hides the most builds)."""
+    names = [name for name, env in environments().items() if name == "torch" or adapter_tests(env["frameworks"])]
+    return sorted(names, key=lambda name: name != "torch")
+
+
+def _tests_session(name: str) -> None:
+    @nox.session(name=f"tests-{name}", venv_backend="none")
     def tests(session: nox.Session) -> None:
-        # tests/<fw>_adapter, not tests/<fw>: with tests/ on sys.path a folder named like the framework
-        # would import as an empty namespace package wherever the framework is not installed.
-        paths = [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
-        if name != "torch" and not paths:
-            session.skip(f"no adapter tests for {', '.join(frameworks)}: its release runs in the matrix only")
+        if name not in tested():
+            session.skip(f"no adapter tests for {name}: its release runs in the matrix only")
         env = built(session, name)
-        if name == "torch":  # the engine's own tests run once, in the torch environment
-            env.run(session, "ruff", "check", ".")
-            env.run(session, "pytest", "-n", "2", "tests", *session.posargs)  # framework tests skip here
-        if paths:
-            env.run(session, "pytest", *paths, *session.posargs)
+        run_tests(session, env)
         env.drop_if_asked()
 
 
-for _name, _env in environments().items():
+@nox.session(name="tests", tags=["tests"], venv_backend="none")
+def every_test(session: nox.Session) -> None:
+    """Every environment's tests (`tests-<env>` runs one), each environment built while the one before is tested."""
+    pipelined(session, tested(), functools.partial(run_tests, session))
+
+
+for _name in environments():
     _matrix_session(_name)
-    _tests_session(_name, _env["frameworks"])
+    _tests_session(_name)
 
 
 @nox.session(tags=["tests"], reuse_venv="no")
