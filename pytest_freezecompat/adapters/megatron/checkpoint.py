@@ -137,6 +137,7 @@ class MegatronCheckpoint:
         refusal = _sharding_refusal(sharded)
         if refusal:
             raise CheckpointingException(refusal)
+        compat.keep_write_results_in_process()
         dist_checkpointing.save(sharded, str(directory))
         torch.distributed.barrier()
 

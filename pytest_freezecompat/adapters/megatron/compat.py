@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +71,24 @@ def torch_dist_writer_problem() -> str | None:
             "of megatron-core): its forked writer raises in _process_memory() before marking its task done and "
             "dist_checkpointing.save then waits forever on count_queue.join() (strategies/filesystem_async.py); "
             "refused before the save instead of hanging")
+
+
+def keep_write_results_in_process() -> None:
+    """Let a synchronous save hand its writers' results to itself through a plain queue.
+
+    The torch_dist writer puts them into `_get_write_results_queue()` (strategies/filesystem_async.py), a
+    `multiprocessing` Manager queue started with *spawn*: its first put makes a new interpreter import torch to
+    unpickle the `WriteResult`s, ~2 s in every fresh rank (Megatron-LM pays it once per training run). A
+    synchronous save (the only kind here) puts and gets them in the rank's own process (`execute_sync`, then
+    `retrieve_write_results`), so a `queue.Queue` carries the same results; the writer processes, the files and
+    what is saved are Megatron's. Releases without that queue (0.8) are left alone.
+    """
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:
+        return
+    if hasattr(filesystem_async, "_get_write_results_queue") and filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
 
 
 def sharded_state_dict_metadata(optimizer: Any) -> dict[str, Any] | None:
