@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import queue
 from collections.abc import Iterator
 
 import pytest
@@ -83,3 +84,15 @@ def test_a_release_that_cannot_save_here_says_so_and_is_judged_without_a_round_t
     assert verdict.status == "pass", verdict.message
     assert ranks[0].record.resume is None
     assert any(note.startswith("resume not checked: megatron-core") for note in verdict.notes)
+
+
+def test_a_save_keeps_its_write_results_in_the_rank() -> None:
+    """The torch_dist writer's results queue is a spawned Manager's unless the adapter gave it a plain one first: a
+    new interpreter importing torch on the first put, ~2 s in every fresh rank's first round trip."""
+    filesystem_async = pytest.importorskip("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    if not hasattr(filesystem_async, "_get_write_results_queue"):
+        pytest.skip("this release hands write results back without a Manager queue")
+    filesystem_async._results_queue = None
+    compat.keep_write_results_in_process()
+    assert isinstance(filesystem_async._get_write_results_queue(), queue.Queue)
+    filesystem_async._results_queue = None
