@@ -209,11 +209,16 @@ def _matrix_session(name: str) -> None:
 def pipelined(session: nox.Session, names: list[str], job: Callable[[Environment], None]) -> None:
     """`job` on each environment in turn, the next environment built on a thread meanwhile (a build waits on the
     network and the disk, cells and tests on the CPU): the first job starts once the first environment is built."""
+    if not names:
+        return
     with ThreadPoolExecutor(max_workers=1) as builder:
-        builds = {name: builder.submit(built, session, name) for name in names}
+        # One build ahead, no more: with FREEZECOMPAT_DROP_ENVIRONMENTS two environments are on disk at most.
+        upcoming = builder.submit(built, session, names[0])
         try:
-            for name in names:
-                env = builds[name].result()
+            for following in [*names[1:], None]:
+                env = upcoming.result()
+                if following is not None:
+                    upcoming = builder.submit(built, session, following)
                 job(env)
                 env.drop_if_asked()
         finally:  # a failed job or build stops here: no build that has not started yet starts
