@@ -95,6 +95,11 @@ def pip_find_links() -> tuple[str, ...]:
     return tuple(arg for folder in dict.fromkeys(folders) if Path(folder).is_dir() for arg in ("--find-links", folder))
 
 
+def dropping_environments() -> bool:
+    """FREEZECOMPAT_DROP_ENVIRONMENTS=1: each environment is removed once its slice or tests ran (a small disk)."""
+    return os.environ.get("FREEZECOMPAT_DROP_ENVIRONMENTS") == "1"
+
+
 class BuildError(RuntimeError):
     """An environment could not be built: one line naming it, the failed command and its log."""
 
@@ -142,8 +147,12 @@ class Environment:
             base = interpreter(self.python) if self.python else sys.executable  # a release needing another Python
             self._call(log, [self.tool, "venv", "-q", "--seed", "--python", base, str(self.location)] if self.tool
                        else [sys.executable, "-m", "virtualenv", "-q", "-p", base, str(self.location)])
-            for requirement in self.pins:  # one install per requirement string, in order: some need torch first
-                self.install(log, *requirement.split())
+            for number, requirement in enumerate(self.pins, 1):  # one install per requirement, in order: some need
+                # torch first. uv writes no bytecode unless asked (pip does): without it every rank template, and
+                # every process a framework spawns, compiles torch's sources again where PYTHONDONTWRITEBYTECODE
+                # is set (CI) and once per file elsewhere. Asked on the last install, it compiles the whole env.
+                last = number == len(self.pins) and self.tool is not None
+                self.install(log, *(["--compile-bytecode"] if last else []), *requirement.split())
         self.install(log, "-q", "-e", f"{ROOT}[torch,test]")
         if not built:
             for module in self.setup:  # after the checkout is installed: setup modules live in it
@@ -167,7 +176,7 @@ class Environment:
         return session.run(str(self.bin(program)), *args, **kwargs)
 
     def drop_if_asked(self) -> None:
-        if os.environ.get("FREEZECOMPAT_DROP_ENVIRONMENTS") == "1":
+        if dropping_environments():
             shutil.rmtree(self.location, ignore_errors=True)
 
 
@@ -207,18 +216,19 @@ def _matrix_session(name: str) -> None:
 
 
 def pipelined(session: nox.Session, names: list[str], job: Callable[[Environment], None]) -> None:
-    """`job` on each environment in turn, the next environment built on a thread meanwhile (a build waits on the
-    network and the disk, cells and tests on the CPU): the first job starts once the first environment is built."""
-    if not names:
-        return
+    """`job` on each environment in turn while later ones build on a thread (a build waits on the network and the
+    disk, cells and tests on the CPU): the first job starts once the first environment is built. Every build goes
+    as fast as it can (DeepSpeed's ops compile for minutes: better under the slices before it than in front of its
+    own), except where FREEZECOMPAT_DROP_ENVIRONMENTS saves disk: there one build ahead, two environments on disk."""
+    ahead = 1 if dropping_environments() else len(names)
     with ThreadPoolExecutor(max_workers=1) as builder:
-        # One build ahead, no more: with FREEZECOMPAT_DROP_ENVIRONMENTS two environments are on disk at most.
-        upcoming = builder.submit(built, session, names[0])
+        builds = {name: builder.submit(built, session, name) for name in names[:ahead]}
         try:
-            for following in [*names[1:], None]:
-                env = upcoming.result()
-                if following is not None:
-                    upcoming = builder.submit(built, session, following)
+            for position, name in enumerate(names):
+                env = builds.pop(name).result()
+                if position + ahead < len(names):
+                    following = names[position + ahead]
+                    builds[following] = builder.submit(built, session, following)
                 job(env)
                 env.drop_if_asked()
         finally:  # a failed job or build stops here: no build that has not started yet starts
