@@ -10,8 +10,8 @@ installed (`pip install nox uv`: one shared wheel cache, a CUDA torch environmen
   nox -t tests        every environment's tests (the next one built while this one's run); then a built wheel
                       in fresh venvs, with and without torch; `nox -s tests-<env>` one environment's
   nox -s matrix-torch -- --freeze-matrix-select=plugin=fsdp2   one slice, extra pytest args
-FREEZECOMPAT_DROP_ENVIRONMENTS=1 removes each environment once its tests or its slice ran (CI: one CUDA torch on disk
-at a time; all twelve environments together take ~45 GB). A build's output is in .nox/<env>.build.log.
+FREEZECOMPAT_DROP_ENVIRONMENTS=1 removes each environment once its tests or its slice ran and builds one ahead (CI: two
+CUDA torches on disk at most; all twelve environments together take ~45 GB). A build's output: .nox/<env>.build.log.
 """
 
 from __future__ import annotations
@@ -218,8 +218,11 @@ def pipelined(session: nox.Session, names: list[str], job: Callable[[Environment
     """`job` on each environment in turn while later ones build on a thread (a build waits on the network and the
     disk, cells and tests on the CPU): the first job starts once the first environment is built. Every build goes
     as fast as it can (DeepSpeed's ops compile for minutes: better under the slices before it than in front of its
-    own), except where FREEZECOMPAT_DROP_ENVIRONMENTS saves disk: there one build ahead, two environments on disk."""
+    own), except where FREEZECOMPAT_DROP_ENVIRONMENTS saves disk: there one build ahead, two environments on disk.
+    A job that fails does not stop the others (as separate nox sessions would not): the session fails at the end,
+    naming them."""
     ahead = 1 if dropping_environments() else len(names)
+    failed: list[str] = []
     with ThreadPoolExecutor(max_workers=1) as builder:
         builds = {name: builder.submit(built, session, name) for name in names[:ahead]}
         try:
@@ -228,10 +231,16 @@ def pipelined(session: nox.Session, names: list[str], job: Callable[[Environment
                 if position + ahead < len(names):
                     following = names[position + ahead]
                     builds[following] = builder.submit(built, session, following)
-                job(env)
-                env.drop_if_asked()
-        finally:  # a failed job or build stops here: no build that has not started yet starts
+                try:
+                    job(env)
+                except nox.command.CommandFailed:  # nox logged it; the other environments still run
+                    failed.append(name)
+                finally:
+                    env.drop_if_asked()
+        finally:  # a failed build stops here: no build that has not started yet starts
             builder.shutdown(cancel_futures=True)
+    if failed:
+        session.error(f"failed in {len(failed)} of {len(names)} environments: {', '.join(failed)}")
 
 
 def run_slices(session: nox.Session, names: list[str]) -> None:
