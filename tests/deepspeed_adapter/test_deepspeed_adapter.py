@@ -98,3 +98,23 @@ def test_moments_are_found_in_either_zero_layout() -> None:
                                                ("zero3", "get_fp32_grad_for_param")])
 def test_the_grad_access_says_where_each_stage_keeps_grads(plugin: str, reads: str) -> None:
     assert reads in ds.grad_access(ds.parse_plugin(plugin))
+
+
+def test_the_cpu_is_asked_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU Adam asks py-cpuinfo at every construction, and each answer costs a new interpreter: after the template's
+    warm-up the answer is remembered, equal to a fresh one, and a caller's edits do not reach the next caller."""
+    import cpuinfo
+    from deepspeed.ops.adam import cpu_adam
+
+    fresh = cpuinfo.get_cpu_info()
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", cpuinfo.get_cpu_info)  # undone after the test
+    if hasattr(cpu_adam, "get_cpu_info"):  # 0.19.2 binds the name at import
+        monkeypatch.setattr(cpu_adam, "get_cpu_info", cpuinfo.get_cpu_info)
+    ops.remember_cpu_info()
+    monkeypatch.setattr(cpuinfo, "get_cpu_info_json", lambda: pytest.fail("asked the machine again"))
+    answer = cpuinfo.get_cpu_info()
+    assert answer == fresh
+    answer["flags"] = []
+    assert cpuinfo.get_cpu_info() == fresh
+    if hasattr(cpu_adam, "get_cpu_info"):
+        assert cpu_adam.get_cpu_info is cpuinfo.get_cpu_info

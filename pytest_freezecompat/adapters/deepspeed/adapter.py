@@ -445,13 +445,15 @@ class DeepSpeedAdapter(AdapterBase):
 
 
 def warm_up() -> None:
-    """Load the environment's built ops once in each rank template (a fork then has them): never builds. Then the
-    import every engine's first optimizer check makes: 0.19.8's `is_zero_supported_optimizer` imports its Muon
-    optimizer on first call, whose `torch.compile` decorator loads inductor (~1 s of every fresh rank's first cell)."""
+    """Once in each rank template (a fork then has it all): ask py-cpuinfo, load the environment's built ops (never
+    builds), and make the import every engine's first optimizer check makes: 0.19.8's `is_zero_supported_optimizer`
+    imports its Muon optimizer on first call, whose `torch.compile` decorator loads inductor (~1 s of every fresh
+    rank's first cell)."""
     if missing():
         return  # the cell says so, in one line
-    from .ops import load_all
+    from .ops import load_all, remember_cpu_info
 
+    remember_cpu_info()  # first: each op's load asks twice (its compile flags)
     load_all()
     with contextlib.suppress(ImportError):  # 0.19.2 imports it with deepspeed itself
         import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401

@@ -64,3 +64,28 @@ def missing() -> list[str]:
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", extensions_dir()))
     return [name for name, builder in _builders().items()
             if not installed_ops.get(builder.NAME) and not any(root.glob(f"**/{builder.NAME}*.so"))]
+
+
+def remember_cpu_info() -> None:
+    """Ask py-cpuinfo once per rank template. Its `get_cpu_info()` answers from a new interpreter each time (~1 s on
+    this machine), and DeepSpeed's CPU Adam asks at every construction (`DeepSpeedCPUAdam.__init__`, for the vendor):
+    a second of every offloaded config-optimizer cell and again in its round trip. The machine does not change
+    between cells; each caller gets its own copy of the same answer. (0.19.2 binds the name at import: its modules
+    that did are pointed at the same function.)"""
+    import copy
+
+    import cpuinfo
+
+    asked = cpuinfo.get_cpu_info
+    if getattr(asked, "remembered", False):
+        return
+    answer = asked()
+
+    def get_cpu_info() -> dict[str, Any]:
+        return copy.deepcopy(answer)
+
+    get_cpu_info.remembered = True  # type: ignore[attr-defined]
+    cpuinfo.get_cpu_info = get_cpu_info
+    for name, module in list(sys.modules.items()):
+        if name.startswith("deepspeed") and getattr(module, "get_cpu_info", None) is asked:
+            module.get_cpu_info = get_cpu_info  # type: ignore[attr-defined]
