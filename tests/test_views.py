@@ -1,5 +1,8 @@
 """The one name mapping: wrapped parameter names (and FSDP1 flat params) back to the bare model's."""
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -35,3 +38,49 @@ def test_a_flat_param_stands_for_every_param_folded_into_it() -> None:
                                 CHECKPOINT_WRAPPER_INFIXES) == [
         "blocks.2.ln1.weight", "blocks.2.fc1.bias"]
     assert views.original_names("_fsdp_wrapped_module._flat_param", root) == ["tok_emb.weight", "head.bias"]
+
+
+def _read_both_ways(rank: int, init_file: str, results: Any) -> None:
+    """One rank of two: FSDP2 shards of uneven rows (3 and 1 over 2 ranks: one shard empty), a replicated DTensor
+    (not batched) and a missing grad, read by `full_tensors` and by each DTensor's own `full_tensor()`."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
+        model[1].bias.requires_grad_(False)
+        fully_shard(model)
+        model(torch.randn(5, 4)).sum().backward()
+        mesh = init_device_mesh("cpu", (2,))
+        replicated = distribute_tensor(torch.arange(6.0).reshape(2, 3), mesh, [Replicate()])
+        read = {**{n: p.detach() for n, p in model.named_parameters()}, "replicated": replicated,
+                **{f"{n}.grad": p.grad for n, p in model.named_parameters()}}
+        batched = views.full_tensors(read)
+        one_by_one = {n: None if t is None else t.full_tensor() for n, t in read.items()}
+        same = all((a is None and b is None) or (a is not None and b is not None and a.dtype == b.dtype
+                                                 and torch.equal(a, b)) for a, b in
+                   zip(batched.values(), one_by_one.values()))
+        results.put((rank, f"same={same} missing={[n for n, t in batched.items() if t is None]}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensors_read_together_equal_each_read_alone(tmp_path: Path) -> None:
+    import multiprocessing
+
+    if not hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard"):
+        pytest.skip("this torch has no torch.distributed.fsdp.fully_shard")
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    ranks = [context.Process(target=_read_both_ways, args=(rank, str(tmp_path / "init"), results)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=60)
+    assert [process.exitcode for process in ranks] == [0, 0]
+    assert sorted(results.get(timeout=5) for _ in ranks) == [(0, "same=True missing=['1.bias.grad']"),
+                                                             (1, "same=True missing=['1.bias.grad']")]

@@ -161,17 +161,43 @@ class ParamView:
         return {n: None if p.grad is None else p.grad.detach().clone() for n, p in self.named_parameters().items()}
 
 
+def full_tensors(tensors: dict[str, Any]) -> dict[str, Any]:
+    """The full values of DTensors (None stays None), in as few collectives as their layouts allow.
+
+    Those sharded on dim 0 of a 1-D mesh (FSDP2's layout) are gathered together, one `all_gather_tensors` per mesh,
+    and their rank-ordered local shards concatenated: what `full_tensor()` gives, in the DTensor's dtype. Any other
+    layout (a 2-D mesh, TP's) is read by its own `full_tensor()`. One collective per param took a tenth of the
+    ranks' CPU in FSDP2 cells. A collective: every rank calls it with the same names in the same order.
+    """
+    full: dict[str, Any] = dict.fromkeys(tensors)
+    by_mesh: dict[int, tuple[Any, list[str]]] = {}
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if tensor.device_mesh.ndim == 1 and len(tensor.placements) == 1 and tensor.placements[0].is_shard(0):
+            by_mesh.setdefault(id(tensor.device_mesh), (tensor.device_mesh, []))[1].append(name)
+        else:
+            full[name] = tensor.full_tensor()
+    for mesh, names in by_mesh.values():
+        shards = all_gather_tensors([tensors[name].to_local() for name in names], mesh.get_group())
+        for index, name in enumerate(names):
+            whole = torch.cat([rank_shards[index] for rank_shards in shards])
+            # the same gathered shapes on every rank: a layout this misreads falls back everywhere alike
+            full[name] = (whole.to(tensors[name].dtype) if whole.shape == tensors[name].shape
+                          else tensors[name].full_tensor())
+    return full
+
+
 class DTensorView(ParamView):
-    """FSDP2 (`fully_shard`): params and grads are DTensors; `full_tensor()` gathers them (a collective)."""
+    """FSDP2 (`fully_shard`): params and grads are DTensors, read back whole through `full_tensors` (a collective)."""
 
     grad_access = "param.grad.full_tensor() (DTensor)"
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().full_tensor() for n, p in self.named_parameters().items()}
+        return full_tensors({n: p.detach() for n, p in self.named_parameters().items()})
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
-        # collective: the same order on every rank
-        return {n: None if p.grad is None else p.grad.full_tensor() for n, p in self.named_parameters().items()}
+        return full_tensors({n: p.grad for n, p in self.named_parameters().items()})
 
 
 class FSDP1View(ParamView):
