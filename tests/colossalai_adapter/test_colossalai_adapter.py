@@ -356,3 +356,21 @@ def test_real_two_rank_gemini_slice(rank_pool: pool.RankPool) -> None:
                 else "colossalai.utils.get_current_device -> cpu:0") in " ".join(lead.emulated)
         if status == "pass":
             assert "get_temp_total_chunk_on_cuda" in lead.grad_access
+
+
+def test_the_logger_names_its_caller_as_inspect_stack_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    from colossalai.logging.logger import DistributedLogger
+
+    helper = "_DistributedLogger__get_call_info"
+    with_inspect = getattr(DistributedLogger, helper)
+    monkeypatch.setattr(DistributedLogger, helper, staticmethod(with_inspect))  # put back after the test
+    compat.log_call_sites_from_the_frame()
+    from_the_frame = getattr(DistributedLogger, helper)
+    assert from_the_frame is not with_inspect
+
+    def log(call_info: Any) -> tuple[str, int, str]:  # stands for the logger's info(): its caller is two frames up
+        return call_info()
+
+    both = (log(with_inspect), log(from_the_frame))
+    assert both[0] == both[1]
+    assert both[0][2] == "test_the_logger_names_its_caller_as_inspect_stack_did"

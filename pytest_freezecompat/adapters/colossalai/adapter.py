@@ -55,6 +55,7 @@ from ..base import AdapterBase, RunContext
 from ..loop import Saved, train
 from ..saved_files import full_contents, load_file
 from ..views import FSDP1View, ParamView, settle_groups
+from . import compat
 from .compat import reported_grad_norm, reuses_fp16_chunk, unwrap_model, zero_grad_access, zero_param_grad
 
 
@@ -122,12 +123,14 @@ class ZeroView(PlainView):
 def warm_up() -> None:
     """Once in each rank template, the imports every fresh rank would make in its first cell: the shim's Gemini
     patches import `colossalai.legacy` (apex amp, the parallel context, TorchScript-compiled helpers: ~1 s a
-    process, again after every restart) and the Gemini modules they patch."""
+    process, again after every restart) and the Gemini modules they patch. And the logger's caller read from the
+    frame, not `inspect.stack()` (`compat.log_call_sites_from_the_frame`)."""
     from .emulation import GEMINI_MODULES
 
     for module in ("colossalai.legacy.utils.memory", *GEMINI_MODULES):
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+    compat.log_call_sites_from_the_frame()
 
 
 def fsdp_view(model: Any, optimizer: Any) -> FSDP1View:
