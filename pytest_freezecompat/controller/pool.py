@@ -45,6 +45,9 @@ STARTUP_TIMEOUT_S = 180.0
 ERROR_GRACE_S = 0.25
 #: How long a rank gets to start writing its stack after SIGUSR1 before we read the file.
 STACK_DUMP_WAIT_S = 10.0
+#: How often the stack files are looked at while a dump starts and finishes (faulthandler writes a small process's
+#: stacks in well under a millisecond; a stuck rank's cell waited 0.2 s polls twice, ~0.4 s of every such cell).
+STACK_POLL_S = 0.02
 #: How often the controller wakes to check for dead ranks while waiting.
 POLL_S = 0.2
 #: Joining a fresh gloo group takes milliseconds. It used to stall now and then: every fresh TCPStore
@@ -286,7 +289,9 @@ class RankPool:
                 return Outcome.RENDEZVOUS_HANG
             if first_error_at is not None and now - first_error_at > ERROR_GRACE_S:
                 return Outcome.STUCK_AFTER_ERROR
-            ready = wait([self._conns[r] for r in pending], timeout=POLL_S)
+            # after an error, wake when the grace ends (not a whole poll later)
+            left = POLL_S if first_error_at is None else first_error_at + ERROR_GRACE_S - now
+            ready = wait([self._conns[r] for r in pending], timeout=max(0.0, min(POLL_S, left)))
             for conn in ready:
                 rank = self._conns.index(conn)
                 try:
@@ -360,11 +365,16 @@ class RankPool:
             return any(proc.poll() is None and (not path.exists() or path.stat().st_size == 0)
                        for proc, path in asked)
 
-        # On a loaded machine a dump can take a while to start; wait for each file, then let it finish.
+        def sizes() -> list[int]:
+            return [path.stat().st_size if path.exists() else 0 for _, path in asked]
+
+        # On a loaded machine a dump can take a while to start; wait for each file, then until none grows.
         deadline = time.monotonic() + STACK_DUMP_WAIT_S
         while waiting() and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-        time.sleep(POLL_S)
+            time.sleep(STACK_POLL_S)
+        written = None
+        while written != (written := sizes()) and time.monotonic() < deadline:
+            time.sleep(STACK_POLL_S)
         for state, proc in zip(states, self._procs):
             log_path, stack_path = self._paths(state.rank)
             if proc.poll() is not None:
