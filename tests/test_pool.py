@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import TESTS
 
-from pytest_freezecompat.controller.pool import PoolError, RankPool
+from pytest_freezecompat.controller.pool import PoolError, RankPool, refused_alike
+from pytest_freezecompat.core.messages import RENDEZVOUS_PHASE
+from pytest_freezecompat.core.records import RankError, RankRecord
 
 
 @pytest.fixture(autouse=True)
@@ -66,3 +68,19 @@ def test_a_pool_keeps_its_folder_in_memory_unless_the_caller_names_a_tmpdir(monk
     assert pool_module.workdir_root() == str(tmp_path)
     monkeypatch.setattr(pool_module, "MEMORY_FOLDER", tmp_path / "absent")
     assert pool_module.workdir_root() is None
+
+
+def _raised(rank: int, kind: str | None, phase: str = "wrap (fsdp1)") -> RankRecord:
+    error = None if kind is None else RankError(kind, "no", "no", rank, "x.py:1 in f", phase, "", 0.0)
+    return RankRecord(rank=rank, error=error)
+
+
+@pytest.mark.parametrize(("records", "kept"), [
+    ([_raised(0, "ValueError"), _raised(1, "ValueError")], True),  # the same refusal everywhere
+    ([_raised(0, "ValueError"), _raised(1, None)], False),  # one rank went on: its collectives are its own
+    ([_raised(0, "ValueError"), _raised(1, "RuntimeError")], False),  # the peer failed on the first one's account
+    ([_raised(0, "ValueError"), _raised(1, "ValueError", "step 0: forward/backward")], False),
+    ([_raised(0, "ValueError", RENDEZVOUS_PHASE), _raised(1, "ValueError", RENDEZVOUS_PHASE)], False),  # no group
+])
+def test_ranks_are_kept_only_after_a_refusal_alike_on_every_rank(records: list[RankRecord], kept: bool) -> None:
+    assert refused_alike(records) is kept
