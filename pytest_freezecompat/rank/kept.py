@@ -1,8 +1,9 @@
 """What a rank keeps from one clean cell to the next: its default process group and a framework's parallel state.
 
-A rank joins its default group at its first cell and keeps it while cells end cleanly; after any
-error, crash, timeout or disagreement the controller replaces the rank (a fork: milliseconds), so
-nothing of a bad cell survives. Between clean cells `tidy` removes what a cell may leave: the groups
+A rank joins its default group at its first cell and keeps it while cells end cleanly, or in a refusal every
+rank raised alike (`controller.pool.refused_alike`); after any other error, a crash, timeout or disagreement the
+controller replaces the rank (a fork: milliseconds), so nothing of a bad cell survives. Between kept cells `tidy`
+removes what a cell may leave: the groups
 it made (other than the world and kept framework state), its garbage, and the torch globals a cell can
 change. `collectives` is the proof the controller asks for before keeping a group: every rank ran the
 same number of collectives on every group it shares (a stray op would meet the next cell's first one).

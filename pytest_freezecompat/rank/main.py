@@ -107,7 +107,7 @@ def serve(conn: Connection, stack_file: str) -> None:
             if not isinstance(message, RunCell):  # Stop
                 return
             conn.send(Reply(_run_one(conn, message, store, kept)))
-            # The controller keeps this rank only after a clean cell (else it forks a fresh one).
+            # Kept after a clean cell or a refusal alike on every rank (else the controller forks a fresh one).
             if not isinstance(conn.recv(), KeepGroup):
                 return
             started = time.perf_counter()
