@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import pytest
 from conftest import TESTS
 
 from pytest_freezecompat.controller.pool import PoolError, RankPool, refused_alike
-from pytest_freezecompat.core.messages import RENDEZVOUS_PHASE
-from pytest_freezecompat.core.records import RankError, RankRecord
+from pytest_freezecompat.core.messages import RENDEZVOUS_PHASE, RunCell
+from pytest_freezecompat.core.records import Outcome, RankError, RankRecord
 
 
 @pytest.fixture(autouse=True)
@@ -84,3 +85,24 @@ def _raised(rank: int, kind: str | None, phase: str = "wrap (fsdp1)") -> RankRec
 ])
 def test_ranks_are_kept_only_after_a_refusal_alike_on_every_rank(records: list[RankRecord], kept: bool) -> None:
     assert refused_alike(records) is kept
+
+
+def test_ranks_stuck_joining_the_cells_group_are_seen_from_their_phase_boards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank is sent its own cell index, so each waits in its own store prefix for a peer that never joins: the
+    controller reads "init process group" on both boards, replaces the ranks, tries again, and gives up."""
+    from slices import matrix_cell
+
+    from pytest_freezecompat.controller import pool as pool_module
+
+    indexes = itertools.count(1000)
+    monkeypatch.setattr(pool_module, "RunCell", lambda index, cell: RunCell(next(indexes), cell))
+    monkeypatch.setattr(pool_module, "RENDEZVOUS_TIMEOUT_S", 1.0)
+    cell = matrix_cell("torch", plugin="ddp", init="eager", checkpoint="none", freeze="none", clip="clip")
+    pool = RankPool(2, [cell.adapter_module])
+    try:
+        run = pool.run(cell, timeout_s=60.0)
+    finally:
+        pool.shutdown()
+    assert run.outcome is Outcome.TIMEOUT and run.rendezvous_retries == 1
+    assert [state.phase for state in run.ranks] == [RENDEZVOUS_PHASE] * 2
+    assert "joining the cell's process group hung" in run.notes[0]

@@ -29,10 +29,11 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from ..core.board import PhaseBoard
 from ..core.cell import Cell
-from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Fork, KeepGroup, Left, Phase, Ready, Reply, RunCell, Stop
+from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Fork, KeepGroup, Left, Ready, Reply, RunCell, Stop
 from ..core.names import short_paths
-from ..core.records import CellRun, Outcome, RankRecord, RankState
+from ..core.records import WAITING_PHASE, CellRun, Outcome, RankRecord, RankState
 from .templates import ForkedRank, Template, TemplateError, describe_exit
 
 #: Framework imports on a busy 2-core machine take up to ~30 s; a rank silent for this long is broken.
@@ -137,6 +138,7 @@ class RankPool:
         self._templates: list[Template] = []
         self._procs: list[ForkedRank] = []
         self._conns: list[Connection] = []
+        self._boards: list[PhaseBoard] = []
         self._generation = 0
         self._cell_index = 0
         self._store: Any = None
@@ -149,6 +151,9 @@ class RankPool:
     def _paths(self, rank: int) -> tuple[Path, Path]:
         stem = self._workdir / f"gen{self._generation}-rank{rank}"
         return stem.with_suffix(".log"), stem.with_suffix(".stack")
+
+    def _phase_path(self, rank: int) -> Path:
+        return self._workdir / f"gen{self._generation}-rank{rank}.phase"
 
     def _environment(self) -> dict[str, str]:
         return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -195,8 +200,9 @@ class RankPool:
         self._store, port = _loopback_store(STARTUP_TIMEOUT_S)
         for rank, template in enumerate(self._templates):
             log_path, stack_path = self._paths(rank)
+            self._boards.append(PhaseBoard.create(self._phase_path(rank), WAITING_PHASE))
             request = Fork({"MASTER_PORT": str(port), "TMPDIR": str(log_path.with_suffix(".tmp"))},
-                           str(log_path), str(stack_path))
+                           str(log_path), str(stack_path), str(self._phase_path(rank)))
             try:
                 proc, conn = template.fork(request)
             except TemplateError as exc:
@@ -247,7 +253,9 @@ class RankPool:
                 proc.wait(timeout=KILL_WAIT_S)
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns = [], []
+        for board in self._boards:
+            board.close()
+        self._procs, self._conns, self._boards = [], [], []
         self._store = None  # after the ranks are gone: the server stops and its port is released
 
     # -- one cell ----------------------------------------------------------------------------
@@ -260,6 +268,8 @@ class RankPool:
             dispatched = time.perf_counter()
             outcome = self._dispatch(cell, states, time.monotonic() + timeout_s)
             dispatch_s = time.perf_counter() - dispatched
+            for state, board in zip(states, self._boards):
+                state.phase = board.read()
             tidy_s: list[float] = []
             if outcome is Outcome.DONE:
                 self._keep_or_replace(states, notes, tidy_s)
@@ -276,7 +286,8 @@ class RankPool:
         return CellRun(outcome, states, fresh_start_s, notes, retries, dispatch_s, tidy_s[0] if tidy_s else None)
 
     def _dispatch(self, cell: Cell, states: list[RankState], deadline: float) -> Outcome:
-        for conn in self._conns:
+        for conn, board in zip(self._conns, self._boards):
+            board.write(WAITING_PHASE)  # the rank waits for this cell; its last cell's phase is gone
             conn.send(RunCell(self._cell_index, cell))
         pending = set(range(self.world_size))
         first_error_at: float | None = None
@@ -285,7 +296,7 @@ class RankPool:
             now = time.monotonic()
             if now > deadline:  # a rank's recorded error outranks the timeout it led to
                 return Outcome.TIMEOUT if first_error_at is None else Outcome.STUCK_AFTER_ERROR
-            if now > rendezvous_deadline and any(states[r].phase == RENDEZVOUS_PHASE for r in pending):
+            if now > rendezvous_deadline and any(self._boards[r].read() == RENDEZVOUS_PHASE for r in pending):
                 return Outcome.RENDEZVOUS_HANG
             if first_error_at is not None and now - first_error_at > ERROR_GRACE_S:
                 return Outcome.STUCK_AFTER_ERROR
@@ -299,9 +310,7 @@ class RankPool:
                 except (EOFError, OSError):
                     self._procs[rank].wait(timeout=5)
                     return Outcome.CRASH
-                if isinstance(message, Phase):
-                    states[rank].phase = message.text
-                elif isinstance(message, Reply):
+                if isinstance(message, Reply):
                     states[rank].record = message.record
                     pending.discard(rank)
                     if message.record.raised is not None and first_error_at is None:

@@ -4,7 +4,8 @@ never a network socket).
   controller -> template: Fork (+ the rank's end of a fresh pipe, passed as a file descriptor) | Stop
   template -> controller: TemplateReady, then Forked per Fork, Exited per rank that ended
   controller -> rank: RunCell, then KeepGroup after a clean cell | Stop
-  rank -> controller: Ready, then per cell: Phase* , Reply, and after KeepGroup: Left (the cell tidied away)
+  rank -> controller: Ready, then per cell: Reply, and after KeepGroup: Left (the cell tidied away)
+A rank's phases during a cell go to its `core.board.PhaseBoard`, not the pipe.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ class TemplateReady:
 
 @dataclass(frozen=True)
 class Fork:
-    """Fork a rank: its environment on top of the template's, its log and stack files."""
+    """Fork a rank: its environment on top of the template's, its log, stack and phase files."""
 
     env: dict[str, str]
     log_path: str
     stack_path: str
+    phase_path: str
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,6 @@ class Stop:
 @dataclass(frozen=True)
 class Ready:
     """The rank is connected to the pool's store and waits for cells."""
-
-
-@dataclass(frozen=True)
-class Phase:
-    text: str
 
 
 @dataclass(frozen=True)

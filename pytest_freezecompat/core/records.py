@@ -140,12 +140,16 @@ class RankRecord:
         return self.error or (self.resume.error if self.resume else None)
 
 
+#: A rank's phase between cells (it waits for the next one).
+WAITING_PHASE = "waiting for cell"
+
+
 @dataclass
 class RankState:
     """What the pool knows of one rank at the end of a cell."""
 
     rank: int
-    phase: str = "waiting for cell"
+    phase: str = WAITING_PHASE
     record: RankRecord | None = None
     exit: str | None = None
     stack: str = ""

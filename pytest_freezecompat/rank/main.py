@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.messages import RENDEZVOUS_PHASE, KeepGroup, Left, Phase, Ready, Reply, RunCell
+from ..core.board import PhaseBoard
+from ..core.messages import RENDEZVOUS_PHASE, KeepGroup, Left, Ready, Reply, RunCell
 from ..core.records import RankRecord
 from .kept import KeptState, collectives, tidy
 from .scenario import describe_error, run_cell
@@ -53,7 +54,7 @@ def _init_group(backend: str, device: torch.device, store: dist.Store, index: in
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
 
 
-def _run_one(conn: Connection, message: RunCell, store: dist.Store, kept: KeptState) -> RankRecord:
+def _run_one(board: PhaseBoard, message: RunCell, store: dist.Store, kept: KeptState) -> RankRecord:
     """Join the default group unless this rank kept it from its last cell, then run the cell."""
     rank = int(os.environ["RANK"])
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(message.index)
@@ -62,11 +63,11 @@ def _run_one(conn: Connection, message: RunCell, store: dist.Store, kept: KeptSt
         device = _device_for(message.cell.device, int(os.environ["LOCAL_RANK"]))
         group_kept = dist.is_initialized()
         if not group_kept:
-            conn.send(Phase(RENDEZVOUS_PHASE))
+            board.write(RENDEZVOUS_PHASE)
             _init_group("nccl" if device.type == "cuda" else "gloo", device, store, message.index)
         joined_s = time.perf_counter() - started
-        conn.send(Phase("process group ready"))
-        record = run_cell(message.cell, rank, device, lambda text: conn.send(Phase(text)), kept)
+        board.write("process group ready")
+        record = run_cell(message.cell, rank, device, board.write, kept)
         record.phases_s["join"] = joined_s
         record.group_kept = group_kept
         record.collectives = collectives()
@@ -90,7 +91,7 @@ def _end_with_template() -> None:
     threading.Thread(target=watch, name="freezecompat-watchdog", daemon=True).start()
 
 
-def serve(conn: Connection, stack_file: str) -> None:
+def serve(conn: Connection, stack_file: str, phase_file: str) -> None:
     """The rank's life, in a process just forked from its slot's template (imports done)."""
     _end_with_template()
     faulthandler.enable()  # a segfault prints every thread's stack into the rank's log
@@ -98,6 +99,7 @@ def serve(conn: Connection, stack_file: str) -> None:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
         store = _connect_store()
         kept = KeptState()
+        board = PhaseBoard.open(phase_file)
         conn.send(Ready())
         while True:
             try:
@@ -106,7 +108,7 @@ def serve(conn: Connection, stack_file: str) -> None:
                 return
             if not isinstance(message, RunCell):  # Stop
                 return
-            conn.send(Reply(_run_one(conn, message, store, kept)))
+            conn.send(Reply(_run_one(board, message, store, kept)))
             # Kept after a clean cell or a refusal alike on every rank (else the controller forks a fresh one).
             if not isinstance(conn.recv(), KeepGroup):
                 return

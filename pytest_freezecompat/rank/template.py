@@ -76,7 +76,7 @@ def _become_rank(request: Fork, rank_fd: int, closing: list[int]) -> NoReturn:
         tempfile.tempdir = None  # tempfile reads TMPDIR again
         from . import main
 
-        main.serve(Connection(rank_fd), request.stack_path)
+        main.serve(Connection(rank_fd), request.stack_path, request.phase_path)
     except BaseException:  # whatever it is, the log says it and the exit code shows it
         traceback.print_exc()
         code = 1
