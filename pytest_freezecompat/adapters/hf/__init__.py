@@ -1,0 +1,24 @@
+"""Hugging Face Accelerate (and later the Transformers Trainer and PEFT): the user's own loop through
+`accelerator.prepare` / `backward` / `clip_grad_norm_`, under DDP, FSDP1 and FSDP2."""
+
+from ...core.declaration import AdapterDeclaration
+
+#: The `accelerate-*` driver: a user's own training loop around `Accelerator`.
+ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", "accelerate-fsdp1-orig-params")
+
+DECLARATION = AdapterDeclaration(
+    plugins=ACCELERATE_PLUGINS,
+    init=("eager",),
+    checkpoint=("none", "reentrant", "non-reentrant"),
+    implementation="pytest_freezecompat.adapters.hf.adapter:HFAdapter",
+    emulation="pytest_freezecompat.adapters.hf.emulation:SHIM",
+    words={"accelerate-ddp": "Accelerator(cpu=True) (DDP), the user's own loop",
+           "accelerate-fsdp2": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))",
+           "accelerate-fsdp1": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1)) "
+                               "(its default use_orig_params=False)",
+           "accelerate-fsdp1-orig-params": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1, "
+                                           "use_orig_params=True))",
+           "eager": "model built as usual", "none": "no activation checkpointing",
+           "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
+           "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
+)
