@@ -75,9 +75,15 @@ class AccelerateLoop:
             blocks = sorted({type(m).__name__ for m in models.block_modules(model)})
             self.accelerator = Accelerator(fsdp_plugin=fsdp_plugin(version, orig_params, blocks))
             self.want_type = "FSDP"
-        optimizer = ctx.make_optimizer(optimizer_params(model, plan.optimized))
         ctx.probe.phase(f"accelerator.prepare ({plugin})")
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        if version == 1:
+            # Accelerate's FSDP1 recipe: prepare the model first, then build the optimizer over the wrapped params
+            # (prepared together, the optimizer keeps the params FSDP1 flattened away and trains nothing).
+            self.model = self.accelerator.prepare(model)
+            self.optimizer = self.accelerator.prepare(ctx.make_optimizer(optimizer_params(self.model, plan.optimized)))
+        else:  # DDP keeps the params; FSDP2 must have both at once (Accelerate swaps the optimizer's params)
+            optimizer = ctx.make_optimizer(optimizer_params(model, plan.optimized))
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         state.check(plugin, self.want_type, self.wrapper, self.accelerator, self.model, ctx.world_size)
         inner = _unwrap(self.optimizer)
         if self.wrapper == "ddp":
@@ -128,6 +134,9 @@ class AccelerateLoop:
     def load(self, directory: Path, omit: str | None = None) -> None:
         kept = self._fresh_value(omit) if omit is not None else None
         self.accelerator.load_state(str(directory))
+        if self.ctx.rank == 0:  # a fact for the report: Adam's moments after the load (0: a fresh optimizer)
+            self.ctx.probe.note(f"after load_state the optimizer holds state for {len(_unwrap(self.optimizer).state)} "
+                                f"of {sum(len(g['params']) for g in _unwrap(self.optimizer).param_groups)} params")
         if kept is not None:
             with torch.no_grad():
                 kept[0].copy_(kept[1])
