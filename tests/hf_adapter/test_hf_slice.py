@@ -1,0 +1,64 @@
+"""Real 2-rank Accelerate cells on gloo through the engine's warm RankPool, judged by the engine's checks.
+
+The ranks are warm: cells run one after another in the same processes, so what one cell leaves in Accelerate's
+environment variables or shared state would reach the next (the trap `state.fresh` prevents).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("accelerate.state")  # a module of the real package, not a namespace folder
+
+import slices
+from hf_cells import ADAPTER, cell, run
+
+from pytest_freezecompat.adapters.hf import emulation
+from pytest_freezecompat.controller.pool import RankPool
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RankPool]:
+    yield from slices.rank_pool(ADAPTER)
+
+
+def test_ddp_runs_without_the_shim_and_trains_like_the_reference(pool: RankPool) -> None:
+    verdict, records = run(pool, cell("accelerate-ddp", "embedding"))
+    assert verdict.status == "pass", verdict.message
+    steps = records[0].steps
+    assert steps[0].grads["tok_emb.weight"] is None and steps[0].grads["head.weight"] is not None
+    assert steps[0].norm_source == "returned by accelerator.clip_grad_norm_"
+    assert not records[0].emulated and records[0].resume is not None and records[0].resume.error is None
+
+
+def test_fsdp2_runs_behind_the_labelled_shim_with_dtensor_grads(pool: RankPool) -> None:
+    c = cell("accelerate-fsdp2", "all-but-last")
+    assert c.emulation
+    verdict, records = run(pool, c)
+    assert verdict.status == "pass", verdict.message
+    assert records[0].emulated == [emulation.BACKEND]
+    assert "DTensor" in records[0].grad_access
+
+
+def test_a_cell_after_an_fsdp_cell_gets_its_own_stack(pool: RankPool) -> None:
+    """The trap in warm ranks: after FSDP cells, a flat-param FSDP1 cell must still flatten (it refuses a frozen
+    embedding in a mixed unit, loudly), and a DDP cell must run DDP, unshimmed, and pass."""
+    verdict, _ = run(pool, cell("accelerate-fsdp1-orig-params", "embedding"))
+    assert verdict.check != "optimizer", verdict.message
+    verdict, records = run(pool, cell("accelerate-fsdp1", "embedding"))
+    assert verdict.status == "error" and "uniform `requires_grad`" in verdict.message, verdict.message
+    run(pool, cell("accelerate-fsdp2", "none"))
+    verdict, records = run(pool, cell("accelerate-ddp", "none"))
+    assert verdict.status == "pass", verdict.message
+    assert records[0].grad_access == "param.grad" and not records[0].emulated
+
+
+def test_fsdp1_flat_params_track_every_param_through_fqns(pool: RankPool) -> None:
+    """Built as Accelerate's FSDP1 recipe says (the model prepared first, then the optimizer over its flat params),
+    the optimizer holds every param of the nothing-frozen control by name."""
+    _, records = run(pool, cell("accelerate-fsdp1", "none"))
+    assert records[0].tracked == tuple(sorted(records[0].plan.names))
+    assert "_fqns" in records[0].grad_access
+    assert [f for f in records[0].steps if f.grads is None] == []
