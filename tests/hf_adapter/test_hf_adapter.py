@@ -9,8 +9,6 @@ one-process group, and that `state.fresh` prevents it and `state.check` refuses 
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,10 +17,10 @@ import pytest
 pytest.importorskip("accelerate.state")  # a module of the real package, not a namespace folder
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.state import PartialState
 from conftest import ShimProbe
+from hf_fixtures import one_process_group  # noqa: F401 (a fixture)
 from torch import nn
 
 from pytest_freezecompat.adapters.hf import accelerate_loop, emulation, state
@@ -72,24 +70,6 @@ def test_shim_answers_the_gpu_backend_and_cpu_device_only_inside_and_reports_it(
         assert (backend, str(kind).rpartition(".")[2]) == ("gloo", "MULTI_GPU")
     assert probe.emulated_patches == [emulation.BACKEND]
     assert PartialState._prepare_backend is original and "ACCELERATE_TORCH_DEVICE" not in os.environ
-
-
-@pytest.fixture
-def one_process_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A gloo group of one, under torchrun's variables, as Accelerate expects them; left as it was found."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-                        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(name, value)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    state.fresh()
-    try:
-        yield
-    finally:
-        state.fresh()
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("one_process_group")

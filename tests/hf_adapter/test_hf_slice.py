@@ -12,11 +12,17 @@ import pytest
 
 pytest.importorskip("accelerate.state")  # a module of the real package, not a namespace folder
 
+import accelerate
 import slices
 from hf_cells import ADAPTER, cell, run
+from packaging.version import Version
 
 from pytest_freezecompat.adapters.hf import emulation
 from pytest_freezecompat.controller.pool import RankPool
+
+#: See test_hf_sharded_optimizer_load: FSDP2's sharded optimizer load fills a fresh optimizer from 1.15.0 (of the
+#: releases run).
+FSDP2_LOADS_OPTIMIZER = Version(accelerate.__version__) >= Version("1.15.0")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +43,11 @@ def test_fsdp2_runs_behind_the_labelled_shim_with_dtensor_grads(pool: RankPool) 
     c = cell("accelerate-fsdp2", "all-but-last")
     assert c.emulation
     verdict, records = run(pool, c)
-    assert verdict.status == "pass", verdict.message
+    if FSDP2_LOADS_OPTIMIZER:
+        assert verdict.status == "pass", verdict.message
+    else:  # 1.10.1 loads a sharded optimizer into a fresh one's empty template (test_hf_sharded_optimizer_load)
+        assert [f.check for f in verdict.failures] == ["resume"], verdict.message
+        assert any("holds state for 0 of" in n for n in records[0].notes), records[0].notes
     assert records[0].emulated == [emulation.BACKEND]
     assert "DTensor" in records[0].grad_access
 
