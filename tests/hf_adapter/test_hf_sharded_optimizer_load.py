@@ -6,6 +6,9 @@ it loads into from the fresh optimizer: `FSDP.optim_state_dict(model, optimizer)
 `optimizer.state_dict()` (FSDP2 too). A fresh AdamW has no state, so the template has no `state` keys and
 `dist_cp.load` fills none: the resumed run restarts Adam's moments, with no error. From some release up to 1.15.0
 the FSDP2 branch builds it with `get_optimizer_state_dict`, which initializes the state first, and loads it whole.
+The full state dict (Accelerate's FSDP1 default) loads the saved file itself and restores the moments: the
+workaround, and the control that shows the loss is the sharded branch's (one process: with several, FSDP1's full
+save offloads to the CPU and segfaults there, see accelerate_loop).
 One process (a gloo group of one) under the adapter's CPU shim shows the same as the matrix's 2-rank cells
 (their notes: "after load_state the optimizer holds state for 0 of N params").
 """
@@ -32,6 +35,7 @@ from pytest_freezecompat.adapters.hf import emulation, state
 ACCELERATE = Version(accelerate.__version__)
 #: The releases this was run on and what they did (FSDP2: 1.10.1 loads nothing, 1.15.0 loads the state whole).
 FSDP2_LOADS_FROM = Version("1.15.0")
+SHARDED, FULL = "SHARDED_STATE_DICT", "FULL_STATE_DICT"
 
 
 class Block(nn.Module):
@@ -54,11 +58,11 @@ class Tiny(nn.Module):
         return x
 
 
-def _prepared(version: int) -> tuple[Accelerator, Any, Any]:
+def _prepared(version: int, state_dict_type: str) -> tuple[Accelerator, Any, Any]:
     state.fresh(keep=emulation.OWNED_ENV)
     torch.manual_seed(0)
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(
-        fsdp_version=version, state_dict_type="SHARDED_STATE_DICT", auto_wrap_policy="transformer_based_wrap",
+        fsdp_version=version, state_dict_type=state_dict_type, auto_wrap_policy="transformer_based_wrap",
         transformer_cls_names_to_wrap=["Block"]))
     model = Tiny()
     if version == 1:  # Accelerate's FSDP1 recipe: the model first, then the optimizer over its flat params
@@ -70,20 +74,22 @@ def _prepared(version: int) -> tuple[Accelerator, Any, Any]:
 
 
 @pytest.mark.usefixtures("one_process_group")
-@pytest.mark.parametrize("version", [1, 2])
-def test_load_state_into_a_fresh_optimizer(tmp_path: Path, version: int) -> None:
+@pytest.mark.parametrize(("version", "state_dict_type"), [(1, SHARDED), (2, SHARDED), (1, FULL)])
+def test_load_state_into_a_fresh_optimizer(tmp_path: Path, version: int, state_dict_type: str) -> None:
     with emulation.SHIM.apply(_Cell(), ShimProbe(), torch.device("cpu")):
-        accelerator, model, optimizer = _prepared(version)
+        accelerator, model, optimizer = _prepared(version, state_dict_type)
         accelerator.backward(model(torch.ones(2, 4)).sum())
         optimizer.step()
         saved = len(optimizer.optimizer.state)
         accelerator.save_state(str(tmp_path))
-        accelerator, model, optimizer = _prepared(version)
+        accelerator, model, optimizer = _prepared(version, state_dict_type)
         accelerator.load_state(str(tmp_path))
         loaded = len(optimizer.optimizer.state)
     assert saved > 0
-    if version == 2 and ACCELERATE >= FSDP2_LOADS_FROM:
-        assert loaded == saved  # the FSDP2 branch initializes the fresh optimizer's state before loading
+    if state_dict_type == FULL or (version == 2 and ACCELERATE >= FSDP2_LOADS_FROM):
+        # the full branch loads the saved dict itself (`optim_state_dict_to_load`); the FSDP2 branch initializes
+        # the fresh optimizer's state before loading into it
+        assert loaded == saved
     else:
         assert loaded == 0  # REPRODUCED: the saved moments are not loaded, silently
 

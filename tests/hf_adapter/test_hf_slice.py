@@ -6,6 +6,7 @@ environment variables or shared state would reach the next (the trap `state.fres
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -72,3 +73,17 @@ def test_fsdp1_flat_params_track_every_param_through_fqns(pool: RankPool) -> Non
     assert records[0].tracked == tuple(sorted(records[0].plan.names))
     assert "_fqns" in records[0].grad_access
     assert [f for f in records[0].steps if f.grads is None] == []
+
+
+def test_without_the_shim_an_fsdp_cell_refuses_accelerates_silent_fallback_by_name(pool: RankPool) -> None:
+    """Asked for FSDP on CPU without `cpu=True`, Accelerate 1.15.0 leaves each rank alone (distributed_type NO, one
+    process, no wrapper) and 1.10.1 wraps in DDP (MULTI_CPU), both without a word: the stack check turns either
+    silent fallback into the cell's error."""
+    marked = cell("accelerate-fsdp2", "none")
+    verdict, records = run(pool, dataclasses.replace(marked, emulation=False, shim=None))
+    assert verdict.status == "error" and records[0].error.type == "StackMismatch", verdict.message
+    assert "asked for distributed_type=FSDP, num_processes=2, wrapper fsdp2" in records[0].error.message
+    message = records[0].error.message
+    assert ("gave distributed_type=NO, num_processes=1, wrapper TinyGPT" in message
+            or "gave distributed_type=MULTI_CPU, num_processes=2, wrapper ddp" in message), message
+    assert not records[0].emulated
