@@ -4,7 +4,8 @@
 from ...core.declaration import AdapterDeclaration
 
 #: The `accelerate-*` driver: a user's own training loop around `Accelerator`.
-ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", "accelerate-fsdp1-orig-params")
+ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", "accelerate-fsdp1-orig-params",
+                      "accelerate-fsdp1-full-state-dict", "accelerate-fsdp1-orig-params-full-state-dict")
 
 DECLARATION = AdapterDeclaration(
     plugins=ACCELERATE_PLUGINS,
@@ -15,9 +16,13 @@ DECLARATION = AdapterDeclaration(
     words={"accelerate-ddp": "Accelerator(cpu=True) (DDP), the user's own loop",
            "accelerate-fsdp2": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))",
            "accelerate-fsdp1": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1)) "
-                               "(its default use_orig_params=False)",
+                               "(its default use_orig_params=False), state_dict_type=SHARDED_STATE_DICT",
            "accelerate-fsdp1-orig-params": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1, "
-                                           "use_orig_params=True))",
+                                           "use_orig_params=True)), state_dict_type=SHARDED_STATE_DICT",
+           "accelerate-fsdp1-full-state-dict": "FullyShardedDataParallelPlugin(fsdp_version=1) with its default "
+                                               "state_dict_type=FULL_STATE_DICT for save_state",
+           "accelerate-fsdp1-orig-params-full-state-dict": "FullyShardedDataParallelPlugin(fsdp_version=1, "
+                                                           "use_orig_params=True), state_dict_type=FULL_STATE_DICT",
            "eager": "model built as usual", "none": "no activation checkpointing",
            "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},

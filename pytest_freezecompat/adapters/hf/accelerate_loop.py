@@ -25,23 +25,29 @@ from ..views import FSDP1_INFIXES, DTensorView, FSDP1View, ParamView, optimizer_
 from . import state
 from .emulation import OWNED_ENV
 
+#: A plugin id with this suffix saves FSDP1's full state dict (Accelerate's FSDP1 default), behind the shim's two
+#: FSDP1 offload patches (see `emulation`); without it FSDP1 saves sharded.
+FULL_STATE_DICT_SUFFIX = "-full-state-dict"
 #: plugin -> (FSDP version or None for DDP, use_orig_params for FSDP1, the wrapper `state.wrapper_kind` must see).
 PLUGINS: dict[str, tuple[int | None, bool | None, str]] = {
     "accelerate-ddp": (None, None, "ddp"),
     "accelerate-fsdp1": (1, None, "fsdp1-flat"),  # None: the plugin's own default (use_orig_params=False)
     "accelerate-fsdp1-orig-params": (1, True, "fsdp1-orig-params"),
     "accelerate-fsdp2": (2, None, "fsdp2"),
+    **{f"accelerate-fsdp1{o}{FULL_STATE_DICT_SUFFIX}": (1, orig, f"fsdp1-{'orig-params' if orig else 'flat'}")
+       for o, orig in (("", None), ("-orig-params", True))},
 }
 #: FSDP1's full state dict segfaults on CPU (see the module docstring); FSDP2 keeps Accelerate's default (sharded).
 FSDP1_STATE_DICT = "SHARDED_STATE_DICT"
 
 
-def fsdp_plugin(version: int, orig_params: bool | None, block_classes: list[str]) -> FullyShardedDataParallelPlugin:
+def fsdp_plugin(version: int, orig_params: bool | None, block_classes: list[str],
+                full_state_dict: bool = False) -> FullyShardedDataParallelPlugin:
     """The plugin a user passes: every block wrapped on its own (`transformer_based_wrap`), the rest defaults."""
     kwargs: dict[str, object] = {"fsdp_version": version, "auto_wrap_policy": "transformer_based_wrap",
                                  "transformer_cls_names_to_wrap": block_classes}
     if version == 1:
-        kwargs["state_dict_type"] = FSDP1_STATE_DICT
+        kwargs["state_dict_type"] = "FULL_STATE_DICT" if full_state_dict else FSDP1_STATE_DICT
         if orig_params is not None:
             kwargs["use_orig_params"] = orig_params
     return FullyShardedDataParallelPlugin(**kwargs)
@@ -73,7 +79,8 @@ class AccelerateLoop:
             self.want_type = "MULTI_CPU" if ctx.device.type == "cpu" else "MULTI_GPU"
         else:
             blocks = sorted({type(m).__name__ for m in models.block_modules(model)})
-            self.accelerator = Accelerator(fsdp_plugin=fsdp_plugin(version, orig_params, blocks))
+            self.accelerator = Accelerator(fsdp_plugin=fsdp_plugin(
+                version, orig_params, blocks, full_state_dict=plugin.endswith(FULL_STATE_DICT_SUFFIX)))
             self.want_type = "FSDP"
         ctx.probe.phase(f"accelerator.prepare ({plugin})")
         if version == 1:
