@@ -23,7 +23,7 @@ from conftest import ShimProbe
 from hf_fixtures import one_process_group  # noqa: F401 (a fixture)
 from torch import nn
 
-from pytest_freezecompat.adapters.hf import accelerate_loop, emulation, state
+from pytest_freezecompat.adapters.hf import DECLARATION, accelerate_loop, emulation, state
 
 CPU = torch.device("cpu")
 CELL: Any = SimpleNamespace(key=SimpleNamespace(plugin="accelerate-fsdp2"), emulation=True)
@@ -58,7 +58,10 @@ def test_check_names_what_was_asked_and_what_came() -> None:
 def test_plugins_build_the_fsdp_configs_asked_for() -> None:
     flat, orig, two = (accelerate_loop.fsdp_plugin(v, o, ["Block"]) for v, o in ((1, None), (1, True), (2, None)))
     assert (flat.fsdp_version, flat.use_orig_params, orig.use_orig_params, two.fsdp_version) == (1, False, True, 2)
-    assert flat.state_dict_type.name == accelerate_loop.FSDP1_STATE_DICT  # FULL segfaults on CPU
+    assert flat.state_dict_type.name == accelerate_loop.FSDP1_STATE_DICT  # FULL segfaults on CPU, unpatched
+    full = accelerate_loop.fsdp_plugin(1, None, ["Block"], full_state_dict=True)
+    assert full.state_dict_type.name == "FULL_STATE_DICT"
+    assert set(accelerate_loop.PLUGINS) == set(DECLARATION.plugins)
 
 
 def test_shim_answers_the_gpu_backend_and_cpu_device_only_inside_and_reports_it() -> None:
@@ -68,7 +71,7 @@ def test_shim_answers_the_gpu_backend_and_cpu_device_only_inside_and_reports_it(
         assert os.environ["ACCELERATE_TORCH_DEVICE"] == "cpu"
         backend, kind = PartialState._prepare_backend(SimpleNamespace(), cpu=True)
         assert (backend, str(kind).rpartition(".")[2]) == ("gloo", "MULTI_GPU")
-    assert probe.emulated_patches == [emulation.BACKEND]
+    assert probe.emulated_patches == [emulation.BACKEND]  # the FSDP1 offload patches engage only in a full save
     assert PartialState._prepare_backend is original and "ACCELERATE_TORCH_DEVICE" not in os.environ
 
 

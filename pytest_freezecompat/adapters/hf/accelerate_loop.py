@@ -142,8 +142,10 @@ class AccelerateLoop:
         kept = self._fresh_value(omit) if omit is not None else None
         self.accelerator.load_state(str(directory))
         if self.ctx.rank == 0:  # a fact for the report: Adam's moments after the load (0: a fresh optimizer)
-            self.ctx.probe.note(f"after load_state the optimizer holds state for {len(_unwrap(self.optimizer).state)} "
-                                f"of {sum(len(g['params']) for g in _unwrap(self.optimizer).param_groups)} params")
+            inner = _unwrap(self.optimizer)
+            self.ctx.probe.note(f"after load_state rank 0's optimizer holds state for {len(inner.state)} of its "
+                                f"{sum(len(g['params']) for g in inner.param_groups)} params "
+                                "(a param whose local shard is empty has none)")
         if kept is not None:
             with torch.no_grad():
                 kept[0].copy_(kept[1])
