@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ... import models
@@ -42,10 +43,16 @@ FSDP1_STATE_DICT = "SHARDED_STATE_DICT"
 
 
 def fsdp_plugin(version: int, orig_params: bool | None, block_classes: list[str],
-                full_state_dict: bool = False) -> FullyShardedDataParallelPlugin:
-    """The plugin a user passes: every block wrapped on its own (`transformer_based_wrap`), the rest defaults."""
+                full_state_dict: bool = False, peft_model: nn.Module | None = None) -> FullyShardedDataParallelPlugin:
+    """The plugin a user passes: every block wrapped on its own (`transformer_based_wrap`), the rest defaults; FSDP1
+    around a peft model takes peft's `fsdp_auto_wrap_policy` (its FSDP docs: each trainable leaf in a unit of its
+    own, so that flat params never mix frozen and trainable)."""
     kwargs: dict[str, object] = {"fsdp_version": version, "auto_wrap_policy": "transformer_based_wrap",
                                  "transformer_cls_names_to_wrap": block_classes}
+    if version == 1 and peft_model is not None:
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        kwargs = {"fsdp_version": version, "auto_wrap_policy": fsdp_auto_wrap_policy(peft_model)}
     if version == 1:
         kwargs["state_dict_type"] = "FULL_STATE_DICT" if full_state_dict else FSDP1_STATE_DICT
         if orig_params is not None:
@@ -80,7 +87,8 @@ class AccelerateLoop:
         else:
             blocks = sorted({type(m).__name__ for m in models.block_modules(model)})
             self.accelerator = Accelerator(fsdp_plugin=fsdp_plugin(
-                version, orig_params, blocks, full_state_dict=plugin.endswith(FULL_STATE_DICT_SUFFIX)))
+                version, orig_params, blocks, full_state_dict=plugin.endswith(FULL_STATE_DICT_SUFFIX),
+                peft_model=model if hasattr(model, "peft_config") else None))
             self.want_type = "FSDP"
         ctx.probe.phase(f"accelerator.prepare ({plugin})")
         if version == 1:
