@@ -5,7 +5,9 @@ What an Accelerate user writes: build and freeze the bare model, AdamW over the 
 `accelerator.backward(loss)`, `accelerator.clip_grad_norm_(model.parameters(), max_norm)`, `optimizer.step()`.
 The round trip is `accelerator.save_state(folder)` / `accelerator.load_state(folder)` in a fresh `Accelerator`.
 FSDP1 saves with `SHARDED_STATE_DICT`: its full state dict (Accelerate's FSDP1 default) offloads to the CPU when
-there are several processes, which on CPU params frees the storage the state dict reads (rank 0 SIGSEGV).
+there are several processes, which on CPU params frees the storage the state dict reads (rank 0 SIGSEGV); the
+`-full-state-dict` plugins save the full one behind the shim's two labelled FSDP1 offload patches (`emulation`).
+Each `AccelerateLoop` starts from a fresh Accelerate state and checks the stack it got (`state`).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class AccelerateLoop:
         ctx.probe.phase(f"accelerator.prepare ({plugin})")
         if version == 1:
             # Accelerate's FSDP1 recipe: prepare the model first, then build the optimizer over the wrapped params
-            # (prepared together, the optimizer keeps the params FSDP1 flattened away and trains nothing).
+            # (prepared together with flat params, the optimizer kept the params FSDP1 had flattened away: 1.15.0).
             self.model = self.accelerator.prepare(model)
             self.optimizer = self.accelerator.prepare(ctx.make_optimizer(optimizer_params(self.model, plan.optimized)))
         else:  # DDP keeps the params; FSDP2 must have both at once (Accelerate swaps the optimizer's params)
