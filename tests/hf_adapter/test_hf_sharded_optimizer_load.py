@@ -4,8 +4,9 @@ A resuming user builds a fresh `Accelerator`, prepares the model and the optimiz
 the first step. With `SHARDED_STATE_DICT`, `accelerate.utils.fsdp_utils.load_fsdp_optimizer` builds the DCP template
 it loads into from the fresh optimizer: `FSDP.optim_state_dict(model, optimizer)` (FSDP1) or, on 1.10.1,
 `optimizer.state_dict()` (FSDP2 too). A fresh AdamW has no state, so the template has no `state` keys and
-`dist_cp.load` fills none: the resumed run restarts Adam's moments, with no error. From some release up to 1.15.0
-the FSDP2 branch builds it with `get_optimizer_state_dict`, which initializes the state first, and loads it whole.
+`dist_cp.load` fills none: the resumed run restarts Adam's moments, with no error. From 1.13.0 (accelerate PR #3904)
+the FSDP2 branch builds it with `get_optimizer_state_dict`, which initializes the state first, and loads it whole;
+FSDP1's stays empty (the registry's finding accelerate-fsdp-sharded-optimizer-load-restores-no-moments).
 The full state dict (Accelerate's FSDP1 default) loads the saved file itself and restores the moments: the
 workaround, and the control that shows the loss is the sharded branch's (one process: with several, FSDP1's full
 save offloads to the CPU and segfaults there, see accelerate_loop).
@@ -33,8 +34,8 @@ from torch import nn
 from pytest_freezecompat.adapters.hf import emulation, state
 
 ACCELERATE = Version(accelerate.__version__)
-#: The releases this was run on and what they did (FSDP2: 1.10.1 loads nothing, 1.15.0 loads the state whole).
-FSDP2_LOADS_FROM = Version("1.15.0")
+#: PR #3904's release (run here: 1.10.1 loads nothing into FSDP2's fresh optimizer, 1.15.0 loads the state whole).
+FSDP2_LOADS_FROM = Version("1.13.0")
 SHARDED, FULL = "SHARDED_STATE_DICT", "FULL_STATE_DICT"
 
 

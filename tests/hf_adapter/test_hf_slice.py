@@ -21,9 +21,8 @@ from packaging.version import Version
 from pytest_freezecompat.adapters.hf import emulation
 from pytest_freezecompat.controller.pool import RankPool
 
-#: See test_hf_sharded_optimizer_load: FSDP2's sharded optimizer load fills a fresh optimizer from 1.15.0 (of the
-#: releases run).
-FSDP2_LOADS_OPTIMIZER = Version(accelerate.__version__) >= Version("1.15.0")
+#: See test_hf_sharded_optimizer_load: FSDP2's sharded optimizer load fills a fresh optimizer from 1.13.0 (PR #3904).
+FSDP2_LOADS_OPTIMIZER = Version(accelerate.__version__) >= Version("1.13.0")
 
 
 @pytest.fixture(scope="module")
