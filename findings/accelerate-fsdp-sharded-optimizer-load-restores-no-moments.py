@@ -87,7 +87,9 @@ def prepared(accelerator: Accelerator) -> tuple[nn.Module, torch.optim.Optimizer
 
 def round_trip(accelerator: Accelerator, state_dict_type: str) -> tuple[int, int]:
     """(params with optimizer state when saved, params with state after a fresh optimizer's load_state)."""
-    accelerator.state.fsdp_plugin.set_state_dict_type(state_dict_type)
+    plugin = accelerator.state.fsdp_plugin
+    plugin.state_dict_config = plugin.optim_state_dict_config = None  # refilled for the type by set_state_dict_type
+    plugin.set_state_dict_type(state_dict_type)
     model, optimizer = prepared(accelerator)
     accelerator.backward(model(torch.ones(2, 4)).sum())
     optimizer.step()
