@@ -23,7 +23,7 @@ from conftest import ShimProbe
 from hf_fixtures import one_process_group  # noqa: F401 (a fixture)
 from torch import nn
 
-from pytest_freezecompat.adapters.hf import DECLARATION, accelerate_loop, emulation, state
+from pytest_freezecompat.adapters.hf import DECLARATION, TRAINER_PLUGINS, accelerate_loop, emulation, state
 
 CPU = torch.device("cpu")
 CELL: Any = SimpleNamespace(key=SimpleNamespace(plugin="accelerate-fsdp2"), emulation=True)
@@ -61,7 +61,7 @@ def test_plugins_build_the_fsdp_configs_asked_for() -> None:
     assert flat.state_dict_type.name == accelerate_loop.FSDP1_STATE_DICT  # FULL segfaults on CPU, unpatched
     full = accelerate_loop.fsdp_plugin(1, None, ["Block"], full_state_dict=True)
     assert full.state_dict_type.name == "FULL_STATE_DICT"
-    assert set(accelerate_loop.PLUGINS) == set(DECLARATION.plugins)
+    assert set(accelerate_loop.PLUGINS) == set(DECLARATION.plugins) - set(TRAINER_PLUGINS)
 
 
 def test_shim_answers_the_gpu_backend_and_cpu_device_only_inside_and_reports_it() -> None:

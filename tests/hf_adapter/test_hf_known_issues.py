@@ -83,3 +83,19 @@ def test_a_tiny_llama_reentrant_cell_is_transformers_4s_on_the_old_release_only(
     transformers_4 = "transformers-reentrant-checkpoint-input-grads-peft-flag-only"
     assert tied(known_issues.match(llama, OLD, registry)) == transformers_4
     assert tied(known_issues.match(llama, NEW, registry)) != transformers_4
+
+
+def test_the_trainer_rows_reds_are_tied_to_the_trainers_own_defaults(registry):
+    """Its DDP finds unused params for a model that is not a PreTrainedModel; its FSDP2 checkpoints load through
+    Accelerate's sharded optimizer load (PR #3904's range on 1.10.1)."""
+    twice = cell("trainer-ddp", "none", "error", "RuntimeError: Expected to mark a variable ready only once. This "
+                 "error is caused by one of the following reasons", checkpoint="reentrant", raised_in="training")
+    assert tied(known_issues.match(twice, NEW, registry)) == "transformers-trainer-ddp-find-unused-reentrant-checkpoint"
+    assert tied(known_issues.match(resumed("trainer-fsdp2"), OLD, registry)) == (
+        "accelerate-fsdp2-sharded-optimizer-load-fresh-template")
+
+
+def test_the_trainer_plugins_are_declared_and_driven_alike():
+    from pytest_freezecompat.adapters.hf import TRAINER_PLUGINS, trainer_loop
+
+    assert set(TRAINER_PLUGINS) == set(trainer_loop.TRAINER_PLUGINS)

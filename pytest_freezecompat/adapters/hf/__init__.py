@@ -1,5 +1,5 @@
-"""Hugging Face Accelerate (and later the Transformers Trainer and PEFT): the user's own loop through
-`accelerator.prepare` / `backward` / `clip_grad_norm_`, under DDP, FSDP1 and FSDP2."""
+"""Hugging Face Accelerate, the Transformers Trainer and PEFT: the user's own loop through `accelerator.prepare` /
+`backward` / `clip_grad_norm_` under DDP, FSDP1 and FSDP2 (`accelerate-*`), and `Trainer.train()` (`trainer-*`)."""
 
 from ...core.declaration import AdapterDeclaration
 
@@ -7,8 +7,11 @@ from ...core.declaration import AdapterDeclaration
 ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", "accelerate-fsdp1-orig-params",
                       "accelerate-fsdp1-full-state-dict", "accelerate-fsdp1-orig-params-full-state-dict")
 
+#: The `trainer-*` driver: `Trainer.train()` owns the loop, its optimizer and its checkpoints.
+TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2")
+
 DECLARATION = AdapterDeclaration(
-    plugins=ACCELERATE_PLUGINS,
+    plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS),
     init=("eager",),
     checkpoint=("none", "reentrant", "non-reentrant"),
     implementation="pytest_freezecompat.adapters.hf.adapter:HFAdapter",
@@ -23,6 +26,11 @@ DECLARATION = AdapterDeclaration(
                                                "state_dict_type=FULL_STATE_DICT for save_state",
            "accelerate-fsdp1-orig-params-full-state-dict": "FullyShardedDataParallelPlugin(fsdp_version=1, "
                                                            "use_orig_params=True), state_dict_type=FULL_STATE_DICT",
+           "trainer-ddp": "Trainer(args=TrainingArguments(use_cpu=True)) (DDP), train(); its own AdamW over the "
+                          "params that require grad, max_grad_norm clipping and checkpoints",
+           "trainer-fsdp2": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 2})), "
+                            "train(); its own optimizer, clipping and checkpoints (the plugin's FSDP2 default, "
+                            "SHARDED_STATE_DICT)",
            "eager": "model built as usual", "none": "no activation checkpointing",
            "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
