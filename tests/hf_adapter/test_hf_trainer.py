@@ -32,7 +32,8 @@ def pool() -> Iterator[RankPool]:
 
 def test_trainer_ddp_trains_like_the_reference_and_resumes_from_its_own_checkpoint(pool: RankPool) -> None:
     if ACCELERATE < Version("1.15.0"):
-        pytest.skip("the hf-1.10 environment skips trainer-ddp (its resume's map_location; see hf.toml)")
+        pytest.skip("transformers 4.57.1 cannot resume a CPU DDP run (the finding transformers-trainer-cpu-ddp-resume-"
+                    "map-location): its round trip fails there")
     verdict, records = run(pool, cell("trainer-ddp", "embedding"))
     assert verdict.status == "pass", verdict.message
     first = records[0]
@@ -45,7 +46,8 @@ def test_trainer_ddp_trains_like_the_reference_and_resumes_from_its_own_checkpoi
 
 def test_trainer_ddp_no_clip_makes_no_clipping_record(pool: RankPool) -> None:
     if ACCELERATE < Version("1.15.0"):
-        pytest.skip("the hf-1.10 environment skips trainer-ddp (its resume's map_location; see hf.toml)")
+        pytest.skip("transformers 4.57.1 cannot resume a CPU DDP run (the finding transformers-trainer-cpu-ddp-resume-"
+                    "map-location): its round trip fails there")
     verdict, records = run(pool, cell("trainer-ddp", "none", clip="no-clip"))
     assert verdict.status == "pass", verdict.message
     assert all(step.norm is None for step in records[0].steps)
@@ -72,8 +74,19 @@ def test_trainer_ddp_turns_on_find_unused_parameters_for_a_model_that_is_not_a_p
     """tiny-gpt is a plain nn.Module: the Trainer's DDP finds unused params, so an idle branch does not raise
     (accelerate-ddp raises there), and reentrant checkpointing marks params ready twice."""
     if ACCELERATE < Version("1.15.0"):
-        pytest.skip("the hf-1.10 environment skips trainer-ddp (its resume's map_location; see hf.toml)")
+        pytest.skip("transformers 4.57.1 cannot resume a CPU DDP run (the finding transformers-trainer-cpu-ddp-resume-"
+                    "map-location): its round trip fails there")
     verdict, _ = run(pool, cell("trainer-ddp", "unused-branch"))
     assert verdict.status == "pass", verdict.message
     verdict, _ = run(pool, cell("trainer-ddp", "none", checkpoint="reentrant"))
     assert verdict.status == "error" and "Expected to mark a variable ready only once" in verdict.message
+
+
+def test_trainer_ddp_resume_on_transformers_4_fails_on_the_indexed_cpu_device(pool: RankPool) -> None:
+    """The finding transformers-trainer-cpu-ddp-resume-map-location, seen by a cell: the steps before the save pass,
+    the resume's optimizer load raises on the `cpu:0` map_location (and every rank reports that, not a missing file)."""
+    if ACCELERATE >= Version("1.15.0"):
+        pytest.skip("transformers 5.23.0 (beside accelerate 1.15.0) loads with plain 'cpu'")
+    verdict, records = run(pool, cell("trainer-ddp", "embedding"))
+    assert [f.check for f in verdict.failures] == ["resume"], verdict.message
+    assert all("tagged with cpu:0" in r.resume.error.message for r in records), [r.resume.error for r in records]
