@@ -1,0 +1,37 @@
+"""Hugging Face Accelerate, the Transformers Trainer and PEFT: the user's own loop through `accelerator.prepare` /
+`backward` / `clip_grad_norm_` under DDP, FSDP1 and FSDP2 (`accelerate-*`), and `Trainer.train()` (`trainer-*`)."""
+
+from ...core.declaration import AdapterDeclaration
+
+#: The `accelerate-*` driver: a user's own training loop around `Accelerator`.
+ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", "accelerate-fsdp1-orig-params",
+                      "accelerate-fsdp1-full-state-dict", "accelerate-fsdp1-orig-params-full-state-dict")
+
+#: The `trainer-*` driver: `Trainer.train()` owns the loop, its optimizer and its checkpoints.
+TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2")
+
+DECLARATION = AdapterDeclaration(
+    plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS),
+    init=("eager",),
+    checkpoint=("none", "reentrant", "non-reentrant"),
+    implementation="pytest_freezecompat.adapters.hf.adapter:HFAdapter",
+    emulation="pytest_freezecompat.adapters.hf.emulation:SHIM",
+    words={"accelerate-ddp": "Accelerator(cpu=True) (DDP), the user's own loop",
+           "accelerate-fsdp2": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))",
+           "accelerate-fsdp1": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1)) "
+                               "(its default use_orig_params=False), state_dict_type=SHARDED_STATE_DICT",
+           "accelerate-fsdp1-orig-params": "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1, "
+                                           "use_orig_params=True)), state_dict_type=SHARDED_STATE_DICT",
+           "accelerate-fsdp1-full-state-dict": "FullyShardedDataParallelPlugin(fsdp_version=1) with its default "
+                                               "state_dict_type=FULL_STATE_DICT for save_state",
+           "accelerate-fsdp1-orig-params-full-state-dict": "FullyShardedDataParallelPlugin(fsdp_version=1, "
+                                                           "use_orig_params=True), state_dict_type=FULL_STATE_DICT",
+           "trainer-ddp": "Trainer(args=TrainingArguments(use_cpu=True)) (DDP), train(); its own AdamW over the "
+                          "params that require grad, max_grad_norm clipping and checkpoints",
+           "trainer-fsdp2": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 2})), "
+                            "train(); its own optimizer, clipping and checkpoints (the plugin's FSDP2 default, "
+                            "SHARDED_STATE_DICT)",
+           "eager": "model built as usual", "none": "no activation checkpointing",
+           "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
+           "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
+)

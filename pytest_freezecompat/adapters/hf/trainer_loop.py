@@ -1,0 +1,311 @@
+"""The `trainer-*` driver: the Transformers `Trainer` owns the loop, the wrapping, the optimizer and the checkpoints.
+
+What a Trainer user writes: build and freeze the model, `Trainer(model, args=TrainingArguments(...),
+train_dataset=...)`, `trainer.train()`; to resume, a fresh script with the same model and
+`trainer.train(resume_from_checkpoint=<output_dir>/checkpoint-N)`. The Trainer builds its optimizer itself
+(`create_optimizer`: AdamW over the params that require grad when `train()` starts) and clips with its default
+`max_grad_norm=1.0` through `accelerator.clip_grad_norm_`. The cell's hyperparameters go in through
+`TrainingArguments` (lr, betas, eps, weight decay, a constant schedule); the one change to the Trainer's defaults is
+its weight-decay split (`get_decay_parameter_names`: every param, not all but biases and norms), so that its
+AdamW is the reference's and the update check compares like with like.
+
+The probes run where `train()` lets them: the loss and the step boundary in a `Trainer` subclass
+(`compute_loss`, `training_step`: grads are read right after the backward, before the Trainer clips), the rest in a
+`TrainerCallback` (`on_train_begin`: the wrapped model; `on_pre_optimizer_step`: the norm the Trainer's clipping
+call returned; `on_optimizer_step`: the stepped params), the same calls as `loop.train` (`loop.StepProbes`).
+The round trip saves through the Trainer's own checkpointing (the callback asks for the save after step
+`SAVE_AFTER_STEP`; `on_save` records what it wrote) and resumes in a fresh Trainer, which loads inside `train()`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+
+from ... import models
+from .. import loop
+from ..base import Batch, RunContext, apply_freeze
+from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
+from ..views import DTensorView, ParamView, settle_groups
+from . import state
+from .accelerate_loop import saved_contents
+from .emulation import OWNED_ENV
+
+#: plugin -> (the FSDP version or None for DDP, the wrapper `state.wrapper_kind` must see). DDP runs with
+#: `use_cpu=True` on CPU; FSDP through `TrainingArguments(fsdp=..., fsdp_config=...)`, behind the shim on CPU.
+TRAINER_PLUGINS: dict[str, tuple[int | None, str]] = {"trainer-ddp": (None, "ddp"), "trainer-fsdp2": (2, "fsdp2")}
+#: What a user passes for FSDP: every block in a unit of its own, the rest the Trainer's defaults (its checkpoints
+#: take the plugin's default state dict type: SHARDED_STATE_DICT for FSDP2).
+FSDP_ARGS = "full_shard auto_wrap"
+#: A model with no block class to wrap (a user's model) is one FSDP unit: no auto wrap.
+FSDP_ONE_UNIT = "full_shard"
+#: How long rank 0, its resume raised, waits for its peers' failures before leaving the shared folder.
+PEER_WAIT_S = 5
+#: The marker a rank whose resume raised leaves in the shared folder (`_wait_for_peers_to_fail`).
+RESUME_FAILED = "resume-failed-rank"
+#: The adapter file `PeftModel.save_pretrained` writes (the Trainer's save of a peft model under DDP).
+ADAPTER_FILES = "adapter_model*.safetensors"
+#: The Trainer's checkpoint folder name (`PREFIX_CHECKPOINT_DIR`-`global_step`), spelled out: the resume loads it.
+CHECKPOINT_FOLDER = "checkpoint-{step}"
+SAVE_API = ("Trainer checkpointing (TrainingArguments(output_dir), a save after the step): model, optimizer.pt, "
+            "scheduler.pt, trainer_state.json; resume: a fresh Trainer's train(resume_from_checkpoint=checkpoint-N)")
+
+
+class _NormTap:
+    """Keeps what `accelerator.clip_grad_norm_` returned: the Trainer logs it and drops it from the step."""
+
+    def __init__(self) -> None:
+        self.norm: float | None = None
+
+    def install(self, accelerator: Any) -> None:
+        clip = accelerator.clip_grad_norm_
+
+        def tapped(*args: Any, **kwargs: Any) -> torch.Tensor:
+            norm = clip(*args, **kwargs)
+            value = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            self.norm = None if value is None else float(value)
+            return norm
+
+        accelerator.clip_grad_norm_ = tapped
+
+    def take(self) -> tuple[float | None, str]:
+        taken, self.norm = self.norm, None
+        if taken is None:
+            return None, "the Trainer made no accelerator.clip_grad_norm_ call this step"
+        return taken, "returned by accelerator.clip_grad_norm_ inside Trainer.train (max_grad_norm)"
+
+
+def _safetensors_keys(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as opened:
+        return list(opened.keys())
+
+
+def _the_one_item(items: list[Batch]) -> Batch:
+    (batch,) = items
+    return batch
+
+
+class _CellTrainer(Trainer):
+    """The Trainer with the cell's loss and batches, its grads read after each backward."""
+
+    def __init__(self, *args: Any, cell_run: TrainerRun, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cell_run = cell_run
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        # This rank's rows of each step's global batch, in step order (as the reference splits them).
+        batches = [self.cell_run.ctx.local_batch(step) for step in range(self.cell_run.ctx.cell.hyper.steps)]
+        # One step's batch an item (batch_size=1 unwrapped): a batch sampler, which the resume's skip of the
+        # batches already trained (accelerate's skip_first_batches) needs.
+        return torch.utils.data.DataLoader(batches, batch_size=1, shuffle=False, collate_fn=_the_one_item)
+
+    def compute_loss(self, model: nn.Module, inputs: Batch, return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        loss = self.cell_run.ctx.loss(model, inputs)
+        return (loss, None) if return_outputs else loss
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        loss = super().training_step(*args, **kwargs)
+        self.cell_run.callback.backward_done()
+        return loss
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Every param decays, as in the reference's AdamW (the Trainer's default spares biases and norms)."""
+        return [name for name, _ in model.named_parameters()]
+
+
+class _Probes(TrainerCallback):
+    """The probe's fixed points at the Trainer's events, from step `first_step`; the round trip's save request."""
+
+    def __init__(self, run: TrainerRun, first_step: int, saves: bool) -> None:
+        self.run, self.step, self.saves = run, first_step, saves
+        self.probes: StepProbes | None = None
+        self.saved: bool | None = None
+
+    def on_train_begin(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        self.probes = StepProbes(self.run.ctx.probe, self.run.wrapped())
+        if self.step == 0:
+            self.probes.wrapped()
+        else:  # the resumed Trainer loaded inside train(), before this event: what `loop.load` records
+            self.run.ctx.probe.loaded(self.probes.view)
+
+    def on_step_begin(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        assert self.probes is not None
+        self.probes.forward(self.step)
+
+    def backward_done(self) -> None:
+        assert self.probes is not None
+        self.probes.backward_done(self.step)
+        if self.run.clips:
+            self.probes.clipping(self.step)
+
+    def on_pre_optimizer_step(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        assert self.probes is not None
+        if self.run.clips:
+            self.probes.clipped(self.step, *self.run.tap.take())
+        self.probes.optimizer_step(self.step)
+
+    def on_optimizer_step(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        assert self.probes is not None
+        self.probes.stepped(self.step)
+        self.step += 1
+
+    def on_step_end(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> Any:
+        if self.saves and self.step - 1 == SAVE_AFTER_STEP:
+            control.should_save = True  # the Trainer saves after this event (`_maybe_log_save_evaluate`)
+        return control
+
+    def on_save(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        if self.saves and self.saved is None:
+            self.saved = loop.save(self.run.ctx, self.run, self.run.folder, SAVE_AFTER_STEP)
+
+
+class TrainerRun:
+    """One Trainer script: the user's model, built and frozen, and a `Trainer` over it: a `loop.Resumable`."""
+
+    save_api = SAVE_API
+
+    def __init__(self, ctx: RunContext, plugin: str, folder: Path, first_step: int = 0, saves: bool = False) -> None:
+        self.ctx, self.plugin, self.folder = ctx, plugin, folder
+        self.clips = ctx.cell.hyper.clips
+        self.tap = _NormTap()
+        state.fresh(keep=OWNED_ENV if ctx.cell.emulation else ())  # TrainingArguments writes ACCELERATE_* too
+        ctx.probe.phase("build model")
+        model = ctx.build_model(device=ctx.device)
+        self.plan = ctx.resolve_plan(model)
+        apply_freeze(self.plan, model)
+        ctx.probe.phase(f"Trainer ({plugin})")
+        hyper = ctx.cell.hyper
+        self.version, self.wrapper = TRAINER_PLUGINS[plugin]
+        fsdp: dict[str, Any] = {}
+        if self.version is not None:
+            blocks = sorted({type(m).__name__ for m in models.block_modules(model)})
+            # sync_module_states=False: every rank builds the same seeded model, so rank 0's broadcast has nothing
+            # to fix; its default (True) makes accelerate 1.10.1's plugin ask for an accelerator device to
+            # materialize on (none on CPU), where 1.15.0 takes the CPU.
+            fsdp = {"fsdp": FSDP_ARGS if blocks else FSDP_ONE_UNIT, "fsdp_config": {
+                "version": self.version, "sync_module_states": False,
+                **({"transformer_layer_cls_to_wrap": blocks} if blocks else {})}}
+        if self.version is not None:
+            # What `accelerate launch` with `fsdp_version: 2` exports: transformers 4.57.1's fsdp_config has no
+            # version key (5.x's "version" sets the same variable); cleared with the cell's other FSDP_* variables.
+            os.environ["FSDP_VERSION"] = str(self.version)
+        args = TrainingArguments(
+            output_dir=str(folder), use_cpu=ctx.device.type == "cpu" and self.version is None, **fsdp,
+            per_device_train_batch_size=hyper.batch_per_rank,
+            max_steps=hyper.steps, learning_rate=hyper.lr, adam_beta1=hyper.betas[0], adam_beta2=hyper.betas[1],
+            adam_epsilon=hyper.eps, weight_decay=hyper.weight_decay, optim="adamw_torch",
+            lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=hyper.max_norm, seed=hyper.seed,
+            save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
+            dataloader_num_workers=0, remove_unused_columns=False)
+        self.callback = _Probes(self, first_step, saves)
+        self.trainer = _CellTrainer(model=model, args=args, callbacks=[self.callback], cell_run=self)
+        self.trainer.remove_callback(PrinterCallback)  # disable_tqdm's stand-in prints every log to stdout
+        self.tap.install(self.trainer.accelerator)
+        self._view: ParamView | None = None
+
+    def wrapped(self) -> ParamView:
+        """The view of what `train()` wrapped, once the stack is checked (`state.check`)."""
+        trainer = self.trainer
+        want_type = "FSDP" if self.version else "MULTI_CPU" if self.ctx.device.type == "cpu" else "MULTI_GPU"
+        state.check(self.plugin, want_type, self.wrapper, trainer.accelerator, trainer.model_wrapped,
+                    self.ctx.world_size)
+        inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+        if self.wrapper == "fsdp2":
+            self._view = DTensorView(trainer.model_wrapped, inner)
+        else:
+            self._view = ParamView(trainer.model_wrapped.module, inner)
+        self._view.grad_access += ", read in Trainer.training_step (train() zeroes grads after each step)"
+        return self._view
+
+    @property
+    def view(self) -> ParamView:
+        assert self._view is not None, "train() has not wrapped the model yet"
+        return self._view
+
+    def checkpoint(self) -> Path:
+        return self.folder / CHECKPOINT_FOLDER.format(step=SAVE_AFTER_STEP + 1)
+
+    # Resumable
+
+    def save(self, directory: Path) -> None:
+        dist.barrier()  # rank 0 writes the shared files: every rank reads them after it
+        if not self.checkpoint().is_dir():
+            raise FileNotFoundError(f"the Trainer wrote no {self.checkpoint()}")
+
+    def saved(self, directory: Path) -> Saved:
+        """What the checkpoint holds, by the bare model's names. A peft model's checkpoint is its adapter alone
+        (`adapter_model.safetensors` under DDP; `adapter_only=True` in FSDP's model file): keyed as peft keys
+        them, without the adapter's name, and frozen params are missing from it by design (`trainable_only`)."""
+        inner = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)
+        named = self.view.named_parameters()
+        names = {id(p): n for n, p in named.items()}
+        params = [p for group in inner.param_groups for p in group["params"]]
+        contents = saved_contents(self.checkpoint(), {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>")
+                                                      for i, p in enumerate(params)})
+        peft = getattr(self.trainer.model, "peft_config", None)
+        if not peft:
+            return contents
+        adapter = getattr(self.trainer.model, "active_adapter", "default")
+        by_peft_key = {name.replace(f".{adapter}.", "."): name for name in named}
+        saved = set(contents.params or ()) | {key for path in self.checkpoint().glob(ADAPTER_FILES)
+                                               for key in _safetensors_keys(path)}
+        return Saved(frozenset(by_peft_key.get(key, key) for key in saved), contents.optimizer_state,
+                     trainable_only=True)
+
+    def close(self) -> None:
+        settle_groups()
+        dist.barrier()
+        self.trainer.accelerator.free_memory()
+        self.trainer = None  # type: ignore[assignment]
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        raise NotImplementedError("the Trainer loads inside train(resume_from_checkpoint=...): see `run`")
+
+
+def _wait_for_peers_to_fail(ctx: RunContext, folder: Path) -> None:
+    """A rank whose resume raised says so in the shared folder; rank 0, which removes the folder when it leaves,
+    first waits (at most `PEER_WAIT_S`) for every rank to say so: a slower rank meets its own failure, not a missing
+    file. No collective: a peer that went on (or waits in one) only delays rank 0 by the bound."""
+    (folder / f"{RESUME_FAILED}{ctx.rank}").touch()
+    deadline = time.monotonic() + PEER_WAIT_S
+    while ctx.rank == 0 and time.monotonic() < deadline:
+        if all((folder / f"{RESUME_FAILED}{rank}").exists() for rank in range(ctx.world_size)):
+            return
+        time.sleep(0.05)
+
+
+def run(ctx: RunContext, plugin: str, emulation: Callable[[], Any]) -> None:
+    """Train, save after step `SAVE_AFTER_STEP` where the cell runs the round trip, and resume in a fresh Trainer.
+    The Trainer saves inside `train()`: a save that raises ends the cell (an error), not only its round trip."""
+    if ctx.cell.break_load is not None:
+        raise NotImplementedError("break_load (tests only) is not implemented for the Trainer's own load")
+    resumes = loop.runs_round_trip(ctx)
+    with emulation(), loop.shared_folder(ctx) as folder:
+        first = TrainerRun(ctx, plugin, folder, saves=resumes)
+        first.trainer.train()
+        if not first.callback.saved:
+            first.close()
+            return
+        ctx.probe.resuming("tear down")
+        checkpoint = first.checkpoint()
+        first.close()
+        ctx.probe.phase("resume: rebuild")
+        fresh = TrainerRun(ctx, plugin, folder, first_step=SAVE_AFTER_STEP + 1)
+        ctx.probe.phase("resume: load")
+        try:
+            fresh.trainer.train(resume_from_checkpoint=str(checkpoint))
+        except Exception:
+            _wait_for_peers_to_fail(ctx, folder)
+            raise
+        fresh.close()
