@@ -253,3 +253,18 @@ def test_an_error_says_whether_it_was_raised_while_wrapping_or_training():
     assert checks.judge_records([training], "fp32").raised_in == "training"
     assert checks.stage_of_phases(["boost (torch-ddp)", "step 1: clip"]) == "training"
     assert checks.stage_of_phases(["boost (torch-ddp)"]) == "wrapping"
+
+
+def test_close_answers_as_numpy_allclose_does():
+    """Random float32 pairs near and beyond the tolerance, with infinities and NaNs on either side."""
+    rng = np.random.default_rng(0)
+    specials = [np.inf, -np.inf, np.nan, 0.0]
+    for trial in range(3000):
+        want = rng.standard_normal(8).astype(np.float32)
+        have = (want + rng.standard_normal(8).astype(np.float32) * 10.0 ** rng.integers(-9, -3)).astype(np.float32)
+        if trial % 5 == 0:
+            have[rng.integers(8)] = want[rng.integers(8)] = specials[rng.integers(4)]
+        if trial % 7 == 0:
+            have[rng.integers(8)] = specials[rng.integers(4)]
+        rtol, atol = 10.0 ** rng.integers(-7, -3), 10.0 ** rng.integers(-8, -4)
+        assert checks.close(have, want, rtol, atol) == np.allclose(have, want, rtol=rtol, atol=atol), (have, want)

@@ -40,6 +40,13 @@ def test_a_flat_param_stands_for_every_param_folded_into_it() -> None:
     assert views.original_names("_fsdp_wrapped_module._flat_param", root) == ["tok_emb.weight", "head.bias"]
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
+def test_each_ranks_dim0_shard_is_a_torch_chunk(ranks: int) -> None:
+    for length in range(12):
+        chunks = [len(chunk) for chunk in torch.arange(length).chunk(ranks)] if length else []
+        assert views.dim0_shard_rows(length, ranks) == chunks + [0] * (ranks - len(chunks)), length
+
+
 def _read_both_ways(rank: int, init_file: str, results: Any) -> None:
     """One rank of two: FSDP2 shards of uneven rows (3 and 1 over 2 ranks: one shard empty), a replicated DTensor
     (not batched) and a missing grad, read by `full_tensors` and by each DTensor's own `full_tensor()`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -83,3 +84,57 @@ class Shim:
 
 
 _ABSENT = object()
+
+#: Where FSDP1 unflattens an optimizer state it gathered (`_unflatten_orig_param_states`).
+FSDP1_OPTIM_UTILS = "torch.distributed.fsdp._optim_utils"
+
+
+def fsdp1_cpu_offload_patches(saver: str) -> list[Patch]:
+    """FSDP1's full state dict gathered with `offload_to_cpu=True` (made for CUDA params; `saver` asks for it, e.g.
+    "Composer's full checkpoint"), on params that already live on the CPU.
+
+    `FlatParamHandle.to_cpu` "moves" the unsharded flat param to the CPU and frees the storage it came from: for a
+    param already on the CPU the move is a no-op and the freed storage is the one the state dict then reads (rank 0
+    dies with SIGSEGV / SIGABRT). With `use_orig_params`, FSDP1 gathers each optimizer state (exp_avg, then
+    exp_avg_sq) into one reused buffer and, offloading, relies on `.cpu()` to copy each out: on CPU tensors that is
+    no copy, and every state saved ends up holding the last one gathered. The first patch makes the move a no-op
+    without the free, the second takes FSDP's own non-offload branch (a clone): what a copy from CUDA to the CPU
+    gives a GPU run."""
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    return [Patch(FlatParamHandle, "to_cpu", _to_cpu_without_free,
+                  "FSDP1 FlatParamHandle.to_cpu -> no-op for a flat param already on the CPU (the offload_to_cpu "
+                  f"of {saver} would free the storage the state dict reads)"),
+            Patch(importlib.import_module(FSDP1_OPTIM_UTILS), "_unflatten_orig_param_states", _clone_cpu_optim_state,
+                  "FSDP1 optimizer state (use_orig_params) gathered on the CPU: cloned out of FSDP's reused gather "
+                  "buffer, as offload_to_cpu's .cpu() copies it from CUDA")]
+
+
+def _to_cpu_without_free(report: Callable[[], None], to_cpu: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`FlatParamHandle.to_cpu` (a context manager): where the flat param already lives on the CPU, leave it,
+    instead of `flat_param_to(cpu)` (the same storage) followed by `_free_unsharded_flat_param()` (freeing it)."""
+
+    @contextlib.contextmanager
+    def cpu_to_cpu(self: Any) -> Iterator[None]:
+        if self.flat_param.device.type != "cpu":
+            with to_cpu(self):
+                yield
+            return
+        report()
+        yield
+
+    return cpu_to_cpu
+
+
+def _clone_cpu_optim_state(report: Callable[[], None], unflatten: Callable[..., None]) -> Callable[..., None]:
+    """`_unflatten_orig_param_states(info, output_states, state_name, shard_state, to_save, cpu_offload)`: with
+    the gathered state already on the CPU, take its `not cpu_offload` branch (`.detach().clone()`)."""
+
+    def cloned(fsdp_param_info: Any, output_states: Any, state_name: str, shard_state: bool, to_save: bool,
+               cpu_offload: bool) -> None:
+        if cpu_offload and fsdp_param_info.state.compute_device.type == "cpu":
+            report()
+            cpu_offload = False
+        unflatten(fsdp_param_info, output_states, state_name, shard_state, to_save, cpu_offload)
+
+    return cloned

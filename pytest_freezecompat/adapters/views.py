@@ -165,9 +165,11 @@ def full_tensors(tensors: dict[str, Any]) -> dict[str, Any]:
     """The full values of DTensors (None stays None), in as few collectives as their layouts allow.
 
     Those sharded on dim 0 of a 1-D mesh (FSDP2's layout) are gathered together, one `all_gather_tensors` per mesh,
-    and their rank-ordered local shards concatenated: what `full_tensor()` gives, in the DTensor's dtype. Any other
+    and their rank-ordered local shards concatenated: what `full_tensor()` gives, in the DTensor's dtype. Every
+    rank's shard shape follows from the global shape (`dim0_shard_rows`), so no shapes are gathered first. Any other
     layout (a 2-D mesh, TP's) is read by its own `full_tensor()`. One collective per param took a tenth of the
-    ranks' CPU in FSDP2 cells. A collective: every rank calls it with the same names in the same order.
+    ranks' CPU in FSDP2 cells, the shapes' gather half of what was left. A collective: every rank calls it with the
+    same names in the same order.
     """
     full: dict[str, Any] = dict.fromkeys(tensors)
     by_mesh: dict[int, tuple[Any, list[str]]] = {}
@@ -179,13 +181,28 @@ def full_tensors(tensors: dict[str, Any]) -> dict[str, Any]:
         else:
             full[name] = tensor.full_tensor()
     for mesh, names in by_mesh.values():
-        shards = all_gather_tensors([tensors[name].to_local() for name in names], mesh.get_group())
+        ranks, own = mesh.size(), mesh.get_local_rank()
+        shapes: list[list[list[int]]] = [[] for _ in range(ranks)]
+        for name in names:
+            global_shape = list(tensors[name].shape)
+            for rank, rows in enumerate(dim0_shard_rows(global_shape[0] if global_shape else 1, ranks)):
+                shapes[rank].append([rows, *global_shape[1:]])
+            local = tensors[name].to_local()
+            if list(local.shape) != shapes[own][-1]:  # a layout this rule does not describe: never misread it
+                raise RuntimeError(f"{name}: rank {own}'s shard has shape {list(local.shape)}, not the "
+                                   f"{shapes[own][-1]} of a dim-0 chunk of {global_shape} over {ranks} ranks")
+        shards = all_gather_tensors([tensors[name].to_local() for name in names], mesh.get_group(), shapes=shapes)
         for index, name in enumerate(names):
             whole = torch.cat([rank_shards[index] for rank_shards in shards])
-            # the same gathered shapes on every rank: a layout this misreads falls back everywhere alike
-            full[name] = (whole.to(tensors[name].dtype) if whole.shape == tensors[name].shape
-                          else tensors[name].full_tensor())
+            full[name] = whole.reshape(tensors[name].shape).to(tensors[name].dtype)
     return full
+
+
+def dim0_shard_rows(length: int, ranks: int) -> list[int]:
+    """Each rank's rows of a tensor sharded on dim 0 (DTensor's `Shard(0)`, FSDP2's layout): `torch.chunk`'s
+    chunks of ceil(length / ranks) rows, the last ones shorter or empty."""
+    chunk = -(-length // ranks)
+    return [max(0, min(chunk, length - rank * chunk)) for rank in range(ranks)]
 
 
 class DTensorView(ParamView):
@@ -212,7 +229,9 @@ class FSDP1View(ParamView):
             self.grad_access = "flat_param.grad shards, all-gathered and split by flat_param._fqns"
 
     def requires_grad_flags(self) -> dict[str, bool]:
-        with FSDP.summon_full_params(self.module, writeback=False):
+        if self.module._use_orig_params:  # the original params stay registered: their flags are what a user reads
+            return super().requires_grad_flags()
+        with FSDP.summon_full_params(self.module, writeback=False):  # flat params: the originals only inside
             return super().requires_grad_flags()
 
     def full_params(self) -> dict[str, torch.Tensor]:

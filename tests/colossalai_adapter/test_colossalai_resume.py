@@ -13,11 +13,12 @@ import torch
 # "colossalai.booster", not "colossalai": see test_colossalai_adapter.py (prepend import mode).
 pytest.importorskip("colossalai.booster")
 
+import odd_sized
 import slices
 
 from pytest_freezecompat.adapters.colossalai import DECLARATION
 from pytest_freezecompat.controller import pool
-from pytest_freezecompat.core.cell import Cell
+from pytest_freezecompat.core.cell import Cell, UserModel
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the cells' plan (emulation) is the CPU one")
 PLUGINS = {"torch-ddp": "shard=False", "low-level-zero-1": "shard=True"}
@@ -58,3 +59,27 @@ def test_a_load_that_leaves_a_param_behind_fails_the_resume_check(rank_pool: poo
     assert verdict.status == "fail", verdict.message
     resume = [f for f in verdict.failures if f.check == "resume"]
     assert resume and BROKEN in resume[0].message, verdict.message
+
+
+@pytest.fixture(scope="module")
+def probe_pool() -> Iterator[pool.RankPool]:
+    yield from slices.rank_pool(DECLARATION.implementation_module, "colossalai_probe")
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("plugin", ["low-level-zero-1", "low-level-zero-2", "hybrid-parallel-zero-1"])
+def test_zero_grads_read_in_one_all_gather_equal_those_read_one_param_at_a_time(probe_pool: pool.RankPool,
+                                                                                plugin: str) -> None:
+    """Bit for bit, at every step (the probe adapter raises otherwise): with frozen params (no ZeRO grad), a
+    trainable branch that gets none, and a model none of whose params splits evenly over the ranks."""
+    adapter = "colossalai_probe:ComparesZeroGradsAdapter"
+    cells = [dataclasses.replace(_cell(plugin), adapter=adapter),
+             dataclasses.replace(slices.matrix_cell("colossalai", plugin=plugin, init="eager", checkpoint="none",
+                                                    freeze="unused-branch", clip="clip"), adapter=adapter)]
+    control = slices.matrix_cell("colossalai", plugin=plugin, init="eager", checkpoint="none", freeze="none",
+                                 clip="clip")
+    cells.append(dataclasses.replace(control, adapter=adapter, user_model=UserModel(odd_sized.FACTORY,
+                                                                                     odd_sized.BATCH, odd_sized.LOSS)))
+    for cell in cells:
+        verdict, _ = slices.judged(probe_pool, cell)
+        assert verdict.status in ("pass", "fail") and "AssertionError" not in verdict.message, verdict.message

@@ -118,3 +118,27 @@ def test_the_cpu_is_asked_once_per_process(monkeypatch: pytest.MonkeyPatch) -> N
     assert cpuinfo.get_cpu_info() == fresh
     if hasattr(cpu_adam, "get_cpu_info"):
         assert cpu_adam.get_cpu_info is cpuinfo.get_cpu_info
+
+
+def test_zero_3s_dropped_debug_message_summarizes_tensors_while_it_constructs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ZeRO-3's optimizer constructor a tensor's repr is short (its `locals()` message formats every param);
+    the caller's print options come back afterwards, also when the constructor raises."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    seen: list[str] = []
+
+    def construct(self: object, tensor: torch.Tensor, fail: bool = False) -> None:
+        seen.append(repr(tensor))
+        if fail:
+            raise ValueError("refused")
+
+    monkeypatch.setattr(Stage3, "__init__", construct)  # the wrapper wraps this; the original comes back after
+    ds.summarize_stage_3_arguments()
+    ds.summarize_stage_3_arguments()  # once per process: not wrapped twice
+    before = repr(torch.arange(5000.0))
+    Stage3.__init__(object.__new__(Stage3), torch.arange(5000.0))
+    with pytest.raises(ValueError, match="refused"):
+        Stage3.__init__(object.__new__(Stage3), torch.arange(5000.0), fail=True)
+    assert len(seen[0]) < 60 and seen[0] == seen[1], seen
+    assert len(before) > 60 and repr(torch.arange(5000.0)) == before
+    assert Stage3.__init__.__wrapped__ is construct

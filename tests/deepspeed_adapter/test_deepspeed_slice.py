@@ -9,12 +9,13 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
+import odd_sized
 import slices
 from slices import TIMEOUT_S
 
 from pytest_freezecompat.adapters.deepspeed import DECLARATION
 from pytest_freezecompat.controller.pool import RankPool
-from pytest_freezecompat.core.cell import Cell
+from pytest_freezecompat.core.cell import Cell, UserModel
 from pytest_freezecompat.core.records import Outcome
 from pytest_freezecompat.verdict import checks
 
@@ -81,6 +82,20 @@ def test_a_broken_load_is_caught_as_resume(pool: RankPool, plugin: str) -> None:
     verdict, _ = run(pool, c)
     assert verdict.status == "fail" and verdict.check == "resume", verdict.message
     assert "blocks.2.fc1.weight" in verdict.message
+
+
+@pytest.mark.parametrize(("plugin", "init"), [("zero3", "eager"), ("zero3", "zero-init"), ("zero3-bf16", "eager")])
+def test_stage_3_reads_every_param_in_one_collective_as_gathered_parameters_reads_it(pool: RankPool, plugin: str,
+                                                                                      init: str) -> None:
+    """After wrapping, after each step and after the load: the same values, bit for bit, both ways (the probe
+    adapter raises otherwise), for tiny-gpt with LoRA and for a model none of whose params splits evenly."""
+    compared = dataclasses.replace(cell(plugin, "lora", init), adapter=f"{PROBE}:ComparesStage3ReadsAdapter")
+    uneven = dataclasses.replace(cell(plugin, "none", init), adapter=compared.adapter, user_model=UserModel(
+        odd_sized.FACTORY, odd_sized.BATCH, odd_sized.LOSS))
+    for c in (compared, uneven):
+        verdict, ranks = run(pool, c)
+        assert verdict.status == "pass", verdict.message
+        assert ranks[0].record.resume is not None and ranks[0].record.resume.loaded is not None
 
 
 def test_a_rank_aborting_after_its_results_still_records_the_cell(pool: RankPool) -> None:

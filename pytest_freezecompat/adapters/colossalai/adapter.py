@@ -56,7 +56,7 @@ from ..loop import Saved, train
 from ..saved_files import full_contents, load_file
 from ..views import FSDP1View, ParamView, settle_groups
 from . import compat
-from .compat import reported_grad_norm, reuses_fp16_chunk, unwrap_model, zero_grad_access, zero_param_grad
+from .compat import reported_grad_norm, reuses_fp16_chunk, unwrap_model, zero_grad_access, zero_param_grads
 
 
 class NoShardingPolicy(Policy):
@@ -113,9 +113,12 @@ class ZeroView(PlainView):
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         optimizer = self.optimizers[0]
         managed = {id(p) for group in optimizer._working_param_groups.values() for p in group}
+        named = self.named_parameters()  # the same order on every rank: the ZeRO grads are read in a collective
+        zero_names = [name for name, param in named.items() if id(param) in managed]
+        zero_grads = dict(zip(zero_names, zero_param_grads(optimizer, [named[name] for name in zero_names])))
         grads: dict[str, torch.Tensor | None] = {}
-        for name, param in self.named_parameters().items():  # collective: same order on every rank
-            grad = zero_param_grad(optimizer, param) if id(param) in managed else param.grad
+        for name, param in named.items():
+            grad = zero_grads[name] if name in zero_grads else param.grad
             grads[name] = None if grad is None else grad.detach().clone()
         return grads
 

@@ -12,8 +12,9 @@ import inspect
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from ..views import all_gather_json, all_gather_tensors
 
 
 def has_accelerator_api() -> bool:
@@ -54,7 +55,7 @@ def reported_grad_norm(optimizer: Any) -> tuple[float | None, str | None]:
 
 def zero_grad_access(optimizer: Any, documented: str) -> str:
     """Where a ZeRO param's grad is read, for the report: `documented` (`get_param_grad`) where the release has
-    it, else the 0.3.x grad store that `zero_param_grad` reads."""
+    it, else the 0.3.x grad store that `zero_param_grads` reads."""
     if hasattr(optimizer, "get_param_grad"):
         return documented
     return ("optimizer._grad_store._grads_of_params[group][id(param)] (this release has no get_param_grad; "
@@ -62,23 +63,45 @@ def zero_grad_access(optimizer: Any, documented: str) -> str:
             "rank-local param.grad")
 
 
-def zero_param_grad(optimizer: Any, param: nn.Parameter) -> torch.Tensor | None:
-    """A ZeRO param's full, reduced grad (a collective), or None where it got none.
+def zero_param_grads(optimizer: Any, params: list[nn.Parameter]) -> list[torch.Tensor | None]:
+    """Each ZeRO param's full, reduced grad, or None where it got none (a collective: every rank, the same params).
 
-    `LowLevelZeroOptimizer.get_param_grad` from 0.4 on; in 0.3.x the grad store keeps, per param group and
-    param id, the slices this rank holds (every rank's slice under stage 1, its own under stage 2, at
-    `_working_index`): gather the working slice from every rank as `get_param_grad` does."""
-    if hasattr(optimizer, "get_param_grad"):
-        return optimizer.get_param_grad(param)
+    What `LowLevelZeroOptimizer.get_param_grad` (0.4 on) gives one param at a time, one all_gather each (a third
+    of a LowLevelZero cell's probes): here one all_gather for every param of a process group. A param's grad is
+    kept flat and sharded, each rank's slice the same size (padded to a multiple of the ranks): the ranks' slices
+    in rank order, cut to the param's size. In 0.3.x the grad store keeps, per param group and param id, the slices
+    this rank holds (every rank's slice under stage 1, its own under stage 2), its own at `_working_index`. A store
+    over several groups (0.4's n-d tuple) takes `get_param_grad`."""
+    grads: list[torch.Tensor | None] = [None] * len(params)
+    by_group: dict[int, tuple[Any, list[tuple[int, torch.Tensor]]]] = {}
+    for index, param in enumerate(params):
+        local, group = _own_grad_slice(optimizer, param)
+        if local is None:
+            continue
+        if isinstance(group, tuple):
+            grads[index] = optimizer.get_param_grad(param)
+            continue
+        by_group.setdefault(id(group), (group, []))[1].append((index, local.flatten()))
+    for group, held in by_group.values():
+        sizes = all_gather_json([[index, local.numel()] for index, local in held], group)
+        if any(rank_sizes != sizes[0] for rank_sizes in sizes):
+            raise RuntimeError(f"the ranks hold ZeRO grads of different params (index, size): {sizes}")
+        by_rank = all_gather_tensors([local for _, local in held], group,
+                                     shapes=[[[size] for _, size in rank_sizes] for rank_sizes in sizes])
+        for position, (index, local) in enumerate(held):
+            whole = torch.cat([slices[position] for slices in by_rank])[:params[index].numel()]
+            grads[index] = whole.view_as(params[index]).to(local.device, local.dtype)
+    return grads
+
+
+def _own_grad_slice(optimizer: Any, param: nn.Parameter) -> tuple[torch.Tensor | None, Any]:
+    """This rank's slice of `param`'s reduced grad and the process group its slices are spread over."""
+    if hasattr(optimizer, "pid_to_grad_store"):
+        store = optimizer.pid_to_grad_store[id(param)]
+        return store.get_working_grad_by_param_id(id(param)), store.torch_pg
     store = optimizer._grad_store
     slices = next((group[id(param)] for group in store._grads_of_params.values() if id(param) in group), None)
-    if not slices:
-        return None
-    local = slices[store._working_index].flatten()
-    world_size = dist.get_world_size(group=optimizer.dp_pg)
-    gathered = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(gathered, local, group=optimizer.dp_pg)
-    return torch.cat(gathered)[: param.numel()].view_as(param)
+    return (slices[store._working_index] if slices else None), optimizer.dp_pg
 
 
 def log_call_sites_from_the_frame() -> None:

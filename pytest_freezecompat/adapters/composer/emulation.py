@@ -14,44 +14,31 @@ makes FSDP2 sum and then divide by the world size (the upstream fix, the same ar
 AVG), so Composer's freeze logic is what the cell judges. The plugin `fsdp2-no-avg-shim`
 runs without it and shows the artefact itself.
 
-Composer's checkpoints gather FSDP1's full state dict with `cpu_offload=True` (made for CUDA params). FSDP1's
-`FlatParamHandle.to_cpu` "moves" the unsharded flat param to the CPU and frees the storage it came from: for a
-param already on the CPU the move is a no-op and the freed storage is the one the state dict then reads (rank 0
-dies with SIGSEGV / SIGABRT). With `use_orig_params`, FSDP1 gathers each optimizer state (exp_avg, then
-exp_avg_sq) into one reused buffer and, offloading, relies on `.cpu()` to copy each out: on CPU tensors that is
-no copy, and every state saved ends up holding the last one gathered. On the CPU the shim makes the first
-move a no-op without the free and takes FSDP's own non-offload branch (a clone) for the second: what a copy
-from CUDA to the CPU gives a GPU run.
+Composer's checkpoints gather FSDP1's full state dict with `cpu_offload=True` (made for CUDA params): on CPU
+params the shim takes the two shared FSDP1 patches for that (`adapters.emulation.fsdp1_cpu_offload_patches`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from packaging.version import Version
 from torch import nn
-from torch.distributed.fsdp._flat_param import FlatParamHandle
 
 from ...core.cell import Cell
-from ..emulation import Patch, Shim, always
+from ..emulation import Patch, Shim, always, fsdp1_cpu_offload_patches
 from . import UNSHIMMED_GLOO_AVG
 
 CURRENT_DEVICE = "torch.cuda.current_device() -> cpu (Composer passes it to FSDP1 as device_id)"
 TO_EMPTY = "nn.Module.to_empty(device='cuda...') -> cpu (Composer's meta-init hook materializes on CUDA)"
 GLOO_AVG = ("FSDP2 reduce-scatter on gloo: SUM, then divide by the world size (gloo ignores ReduceOp.AVG on "
             "torch < 2.8; pytorch#162338)")
-FSDP1_TO_CPU = ("FSDP1 FlatParamHandle.to_cpu -> no-op for a flat param already on the CPU (the offload_to_cpu "
-                "of Composer's full checkpoint would free the storage the state dict reads)")
-FSDP1_OPTIM_GATHER = ("FSDP1 optimizer state (use_orig_params) gathered on the CPU: cloned out of FSDP's reused "
-                      "gather buffer, as offload_to_cpu's .cpu() copies it from CUDA")
 SYNCHRONIZE = ("torch.cuda.synchronize -> no-op (torch 2.3's FSDP1 gathers use_orig_params optimizer state with "
                "torch.cuda.synchronize(), whatever the device)")
-FSDP1_OPTIM_UTILS = "torch.distributed.fsdp._optim_utils"
 #: Where FSDP2 decides how grads are averaged; the first torch release whose gloo averages for it.
 FSDP2_COLLECTIVES = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 GLOO_AVERAGES_FROM = Version("2.8")
@@ -73,36 +60,6 @@ def _to_empty_on_cpu(report: Callable[[], None], to_empty: Callable[..., nn.Modu
         return to_empty(self, device=device, recurse=recurse)
 
     return cpu_to_empty
-
-
-def _to_cpu_without_free(report: Callable[[], None], to_cpu: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """`FlatParamHandle.to_cpu` (a context manager): where the flat param already lives on the CPU, leave it,
-    instead of `flat_param_to(cpu)` (the same storage) followed by `_free_unsharded_flat_param()` (freeing it)."""
-
-    @contextlib.contextmanager
-    def cpu_to_cpu(self: Any) -> Iterator[None]:
-        if self.flat_param.device.type != "cpu":
-            with to_cpu(self):
-                yield
-            return
-        report()
-        yield
-
-    return cpu_to_cpu
-
-
-def _clone_cpu_optim_state(report: Callable[[], None], unflatten: Callable[..., None]) -> Callable[..., None]:
-    """`_unflatten_orig_param_states(info, output_states, state_name, shard_state, to_save, cpu_offload)`: with
-    the gathered state already on the CPU, take its `not cpu_offload` branch (`.detach().clone()`)."""
-
-    def cloned(fsdp_param_info: Any, output_states: Any, state_name: str, shard_state: bool, to_save: bool,
-               cpu_offload: bool) -> None:
-        if cpu_offload and fsdp_param_info.state.compute_device.type == "cpu":
-            report()
-            cpu_offload = False
-        unflatten(fsdp_param_info, output_states, state_name, shard_state, to_save, cpu_offload)
-
-    return cloned
 
 
 def _sum_then_divide_on_gloo(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -137,9 +94,7 @@ class ComposerShim(Shim):
         return [Patch(torch.cuda, "current_device", always(_cpu_device), CURRENT_DEVICE),
                 Patch(nn.Module, "to_empty", _to_empty_on_cpu, TO_EMPTY),
                 Patch(torch.cuda, "synchronize", always(_no_op), SYNCHRONIZE),
-                Patch(FlatParamHandle, "to_cpu", _to_cpu_without_free, FSDP1_TO_CPU),
-                Patch(importlib.import_module(FSDP1_OPTIM_UTILS), "_unflatten_orig_param_states",
-                      _clone_cpu_optim_state, FSDP1_OPTIM_GATHER),
+                *fsdp1_cpu_offload_patches("Composer's full checkpoint"),
                 *_gloo_avg_patches(cell)]
 
 
