@@ -183,15 +183,15 @@ def full_tensors(tensors: dict[str, Any]) -> dict[str, Any]:
     for mesh, names in by_mesh.values():
         ranks, own = mesh.size(), mesh.get_local_rank()
         shapes: list[list[list[int]]] = [[] for _ in range(ranks)]
-        for name in names:
+        locals_ = [tensors[name].to_local() for name in names]
+        for name, local in zip(names, locals_):
             global_shape = list(tensors[name].shape)
             for rank, rows in enumerate(dim0_shard_rows(global_shape[0] if global_shape else 1, ranks)):
                 shapes[rank].append([rows, *global_shape[1:]])
-            local = tensors[name].to_local()
             if list(local.shape) != shapes[own][-1]:  # a layout this rule does not describe: never misread it
                 raise RuntimeError(f"{name}: rank {own}'s shard has shape {list(local.shape)}, not the "
                                    f"{shapes[own][-1]} of a dim-0 chunk of {global_shape} over {ranks} ranks")
-        shards = all_gather_tensors([tensors[name].to_local() for name in names], mesh.get_group(), shapes=shapes)
+        shards = all_gather_tensors(locals_, mesh.get_group(), shapes=shapes)
         for index, name in enumerate(names):
             whole = torch.cat([rank_shards[index] for rank_shards in shards])
             full[name] = whole.reshape(tensors[name].shape).to(tensors[name].dtype)
