@@ -9,8 +9,12 @@ between the two is the precision's own spread, which the verdict turns into its 
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 from torch import nn
@@ -22,6 +26,7 @@ from ..core.freeze import FreezePlan
 from ..core.names import CANONICAL_LOOP, CLIP_OPTIMIZED_LOOP, MODEL_ZERO_GRAD_LOOP
 
 Tensors = dict[str, torch.Tensor]
+Value = TypeVar("Value")
 #: The working dtype of a mixed-precision cell (fp32 cells need no second reference).
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -96,3 +101,58 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
                     param.copy_(masters[name])
         steps.append(ReferenceStep(grads, norm, {n: p.detach().float().clone() for n, p in params.items()}))
     return steps
+
+
+def digest(*parts: object) -> str:
+    """A key for everything a reference reads: tensors by dtype, shape and bytes; mappings by sorted key; sets
+    sorted; anything else by its repr (plain data: the cell's hyperparameters, plan and references)."""
+    h = hashlib.blake2b(digest_size=20)
+
+    def feed(part: object) -> None:
+        if isinstance(part, torch.Tensor):
+            flat = part.detach().to("cpu").contiguous().reshape(-1)
+            h.update(f"T{flat.dtype}{tuple(part.shape)}|".encode())
+            h.update(flat.view(torch.uint8).numpy().tobytes())
+        elif isinstance(part, dict):
+            h.update(b"{")
+            for name in sorted(part, key=repr):
+                feed(name)
+                feed(part[name])
+            h.update(b"}")
+        elif isinstance(part, (list, tuple)):
+            h.update(b"[")
+            for item in part:
+                feed(item)
+            h.update(b"]")
+        elif isinstance(part, (set, frozenset)):
+            feed(sorted(part, key=repr))
+        else:
+            h.update(f"{type(part).__name__}:{part!r}|".encode())
+
+    for part in parts:
+        feed(part)
+    return h.hexdigest()
+
+
+class Memo(Generic[Value]):
+    """Rank 0's references, by the digest of what they read, for the rank's life.
+
+    A reference depends on the model's values after wrapping, the freeze plan, the batches and the
+    hyperparameters, never on the stack that ran the cell: the cells of one model and pattern under every plugin,
+    init and checkpoint mode that leave the same values share it (the deepspeed slice: 1000 cells, 10 s of
+    references). Least recently used entries go past `size` (each is a tiny model's few steps)."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._entries: OrderedDict[str, Value] = OrderedDict()
+        self.hits = 0
+
+    def get(self, key: str, compute: Callable[[], Value]) -> Value:
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return self._entries[key]
+        value = self._entries[key] = compute()
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return value

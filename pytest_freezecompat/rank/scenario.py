@@ -205,38 +205,62 @@ def _facts(steps: list[reference.ReferenceStep]) -> list[StepFacts]:
     return [StepFacts(grads=to_numpy(s.grads), norm=s.norm, params=to_numpy(s.params)) for s in steps]
 
 
+#: Rank 0's references and eager inits for the rank's life: cells that differ only in how the stack ran share them.
+_REFERENCES: reference.Memo[list[StepFacts]] = reference.Memo()
+_EAGER: reference.Memo[dict[str, torch.Tensor]] = reference.Memo(size=64)
+
+
 def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str, torch.Tensor],
                batches: list[Batch], loss: LossOf, record: RankRecord) -> None:
-    own = adapter.reference_model(cell)  # the framework's own model (e.g. Megatron's GPTModel), or None
+    own = adapter.reference_model(cell) is not None  # the framework's own model (e.g. Megatron's GPTModel)
 
     def bare() -> tuple[nn.Module, LossOf]:
         """A fresh single-process model for each reference run (no grads or dtype left from another)."""
-        return adapter.reference_model(cell) if own is not None else (_construct(cell, "cpu", initialize=False), loss)
+        if own:
+            model_and_loss = adapter.reference_model(cell)
+            assert model_and_loss is not None
+            return model_and_loss
+        return _construct(cell, "cpu", initialize=False), loss
 
-    if own is not None:
-        eager, _ = adapter.reference_model(cell)
-        models.init_weights(eager, cell.hyper.seed)
-    else:
-        eager = _construct(cell, "cpu")
-    reference_model, reference_loss = own if own is not None else bare()
-    record.reference = _facts(reference.run(cell, plan, initial, batches, reference_model, reference_loss))
+    # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains.
+    model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
+    reads = (model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows), cell.hyper,
+             initial, batches)
+
+    def facts(compute_dtype: torch.dtype | None = None, resumed_after: int | None = None,
+              convention: str = CANONICAL_LOOP) -> list[StepFacts]:
+        key = reference.digest(*reads, compute_dtype, resumed_after, convention)
+        return _REFERENCES.get(key, lambda: _facts(reference.run(
+            cell, plan, initial, batches, *bare(), compute_dtype=compute_dtype, resumed_after=resumed_after,
+            convention=convention)))
+
+    record.reference = facts()
     if cell.precision in reference.LOW_PRECISION:
-        record.reference_mixed = _facts(reference.run(cell, plan, initial, batches, *bare(),
-                                                      compute_dtype=reference.LOW_PRECISION[cell.precision]))
+        record.reference_mixed = facts(compute_dtype=reference.LOW_PRECISION[cell.precision])
     # The optimizer holds a subset of what trains: the loop's other correct forms give the optimizer's params
     # other updates only through the clip norm (without clipping, only grads that reach no weight differ).
     outside = set(plan.trainable) - set(plan.optimized)
     if outside and cell.hyper.clips:
-        record.reference_conventions = {
-            convention: _facts(reference.run(cell, plan, initial, batches, *bare(), convention=convention))
-            for convention in LOOP_CONVENTIONS if convention != CANONICAL_LOOP}
+        record.reference_conventions = {convention: facts(convention=convention)
+                                        for convention in LOOP_CONVENTIONS if convention != CANONICAL_LOOP}
     # Grads that accumulate outside any checkpoint: trainable params outside the user's optimizer set that the
     # stack's optimizer does not track either (a stack that tracks every param, C7, steps and zeroes them all).
     stale = outside - set(record.tracked or ())
     if record.resume is not None and stale:
-        record.reference_resumed = _facts(reference.run(cell, plan, initial, batches, *bare(),
-                                                        resumed_after=record.resume.saved_after))
-    record.init_matches_eager = all(torch.equal(p.detach().float(), initial[n]) for n, p in eager.named_parameters())
+        record.reference_resumed = facts(resumed_after=record.resume.saved_after)
+    eager = _EAGER.get(reference.digest(model), lambda: _eager_values(cell, adapter))
+    record.init_matches_eager = all(torch.equal(values, initial[name]) for name, values in eager.items())
+
+
+def _eager_values(cell: Cell, adapter: Adapter) -> dict[str, torch.Tensor]:
+    """The values the cell's model takes when built eagerly, as a user builds it without any framework."""
+    own = adapter.reference_model(cell)
+    if own is not None:
+        eager = own[0]
+        models.init_weights(eager, cell.hyper.seed)
+    else:
+        eager = _construct(cell, "cpu")
+    return {name: param.detach().float().clone() for name, param in eager.named_parameters()}
 
 
 def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[str], None],
