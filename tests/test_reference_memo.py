@@ -119,3 +119,15 @@ def test_a_mixed_precision_and_a_subset_optimizer_cell_get_every_reference_varia
     assert record.reference_conventions and len(runs) == 1 + len(record.reference_conventions)
     _reference_of(torch_cell(plugin="fsdp1", init="eager", checkpoint="none", freeze="optimizer-subset"))
     assert len(runs) == 1 + len(record.reference_conventions)
+
+
+def test_the_reference_after_a_round_trip_is_charged_to_reference_not_resume():
+    recorder = scenario.Recorder(0, lambda text: None)
+    recorder.phase("step 0: forward/backward")
+    recorder.resuming("tear down")
+    recorder.phase("load")
+    assert recorder.record.phase == "resume: load"
+    recorder.run_ended()
+    recorder.phase("reference")
+    recorder.finished()
+    assert recorder.record.phase == "reference" and {"steps", "resume", "reference"} <= set(recorder.record.phases_s)

@@ -100,6 +100,10 @@ class Recorder:
         self._resumed = True
         self.phase(what)
 
+    def run_ended(self) -> None:
+        """The stack's runs are over: what follows (rank 0's reference) is no part of the round trip."""
+        self._resumed = False
+
     def loaded(self, view: ModelView) -> None:
         self.phase("read state after load")
         resume = self.record.resume
@@ -294,6 +298,7 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         plan = plans[0]
         record.plan = PlanFacts(plan.names, tuple(sorted(plan.trainable)), tuple(sorted(plan.optimized)),
                                 tuple(sorted(plan.unused)))
+    recorder.run_ended()
     if rank == 0 and adapter is not None and plans and recorder.initial_params is not None and record.error is None:
         recorder.phase("reference")
         try:
