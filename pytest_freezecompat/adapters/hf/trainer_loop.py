@@ -214,6 +214,8 @@ class TrainerRun:
             lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=hyper.max_norm, seed=hyper.seed,
             save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
             dataloader_num_workers=0, remove_unused_columns=False)
+        if self.wrapper == "deepspeed":
+            zero.keep_trainer_groups(ctx, args)
         self.callback = _Probes(self, first_step, saves)
         self.trainer = _CellTrainer(model=model, args=args, callbacks=[self.callback], cell_run=self)
         self.trainer.remove_callback(PrinterCallback)  # disable_tqdm's stand-in prints every log to stdout
@@ -269,7 +271,8 @@ class TrainerRun:
         if self.wrapper == "deepspeed":
             from . import zero
 
-            contents = zero.trainer_saved(self.checkpoint(), contents, self.view, peft=bool(peft))
+            contents = zero.trainer_saved(self.checkpoint(), contents, self.view,
+                                          getattr(self.trainer.model, "active_adapter", "default") if peft else None)
         if not peft:
             return contents
         adapter = getattr(self.trainer.model, "active_adapter", "default")

@@ -73,6 +73,14 @@ class ZeroView(DeepSpeedView):
         return grads
 
 
+def keep_trainer_groups(ctx: RunContext, args: Any) -> None:
+    """DeepSpeed's world-group clone kept with the rank's group (`keep_world_clone`; made in a cell, it would be
+    destroyed with the cell and the next engine would meet it dead), once the arguments' Accelerate state has
+    initialized DeepSpeed's comm, as the Trainer's constructor has it do first (`args.device`)."""
+    _ = args.device
+    keep_world_clone(ctx)
+
+
 def destroy(engine: Any) -> None:
     """`engine.destroy()` where the release has it: ZeRO's hooks and per-engine registries go with it."""
     ending = getattr(engine, "destroy", None)
@@ -138,16 +146,17 @@ def run_accelerate(ctx: RunContext, plugin: str) -> None:
                 loop.destroy()
 
 
-def trainer_saved(checkpoint: Path, top: Saved, view: DeepSpeedView, peft: bool) -> Saved:
+def trainer_saved(checkpoint: Path, top: Saved, view: DeepSpeedView, adapter: str | None) -> Saved:
     """What the Trainer's checkpoint under DeepSpeed holds: the optimizer state is in its engine checkpoint
-    (`global_step{N}`); so are the model's params, where the Trainer wrote no model file (ZeRO-3 without
-    `stage3_gather_16bit_weights_on_model_save`: "use zero_to_fp32.py"). A peft model's saved params are its
-    adapter file's alone: that is what `PeftModel.from_pretrained(checkpoint)` reads (the caller adds them)."""
-    engine = [saved_contents(folder, view, exclude_frozen=peft) for folder in sorted(checkpoint.glob(TRAINER_TAGS))]
+    (`global_step{N}`), and so are the params the resume loads from it (ZeRO-3 without
+    `stage3_gather_16bit_weights_on_model_save` writes no model file: "use zero_to_fp32.py"). A peft model's own
+    params (`adapter`'s: LoRA, modules_to_save) count only from its adapter file, which the caller adds: that file is
+    what `PeftModel.from_pretrained(checkpoint)` reads, and an empty one is the failure to show."""
+    engine = [saved_contents(folder, view, exclude_frozen=adapter is not None)
+              for folder in sorted(checkpoint.glob(TRAINER_TAGS))]
     if not engine:
         return Saved(top.params, frozenset())
     (engine_saved,) = engine
-    params = set(top.params or ())
-    if not peft:
-        params |= engine_saved.params or frozenset()
+    params = set(top.params or ()) | {name for name in engine_saved.params or ()
+                                      if adapter is None or f".{adapter}." not in name}
     return Saved(frozenset(params), engine_saved.optimizer_state)
