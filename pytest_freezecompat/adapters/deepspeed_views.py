@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .deepspeed.ops import use_environment_cache
+from .deepspeed_ops import use_environment_cache
 
 use_environment_cache()  # before DeepSpeed is imported: its ops load from the environment's cache
 

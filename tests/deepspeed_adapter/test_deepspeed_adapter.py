@@ -14,8 +14,9 @@ pytest.importorskip("deepspeed")
 import torch
 from slices import matrix_cell
 
+from pytest_freezecompat.adapters import deepspeed_ops as ops
 from pytest_freezecompat.adapters import deepspeed_views
-from pytest_freezecompat.adapters.deepspeed import DECLARATION, ops
+from pytest_freezecompat.adapters.deepspeed import DECLARATION
 from pytest_freezecompat.adapters.deepspeed import adapter as ds
 from pytest_freezecompat.core.cell import Cell
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .ops import missing, use_environment_cache
+from ..deepspeed_ops import missing, use_environment_cache
 
 use_environment_cache()  # before DeepSpeed is imported: its ops load from the environment's cache
 
@@ -290,7 +290,7 @@ def warm_up() -> None:
     `torch.compile` decorator loads inductor (~1 s of every fresh rank's first cell)."""
     if missing():
         return  # the cell says so, in one line
-    from .ops import load_all, remember_cpu_info
+    from ..deepspeed_ops import load_all, remember_cpu_info
 
     remember_cpu_info()  # first: each op's load asks twice (its compile flags)
     summarize_stage_3_arguments()

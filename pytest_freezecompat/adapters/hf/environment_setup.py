@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..deepspeed.ops import extensions_dir, load_all
+from ..deepspeed_ops import extensions_dir, load_all
 
 #: What Accelerate's DeepSpeed path loads on a CPU accelerator: the shared-memory comm op (`init_distributed`). The
 #: cells step the user's AdamW (the Trainer's: `create_optimizer`) and offload nothing, so neither FusedAdam nor CPU

@@ -17,7 +17,7 @@ from typing import Any
 from accelerate import Accelerator, DeepSpeedPlugin
 
 from ..base import RunContext, apply_freeze
-from ..deepspeed.ops import missing
+from ..deepspeed_ops import missing
 from ..deepspeed_views import DeepSpeedView, Plugin, ds_config, keep_world_clone, saved_contents
 from ..loop import Saved, train
 from ..views import optimizer_params

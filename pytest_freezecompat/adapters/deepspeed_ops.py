@@ -1,4 +1,5 @@
-"""DeepSpeed's C++ ops, built once with the environment and cached inside it.
+"""DeepSpeed's C++ ops, built once with the environment and cached inside it (for the deepspeed adapter and the hf
+adapter's ZeRO plugins: each one's `environment_setup` builds the ops its cells load).
 
 DeepSpeed compiles its ops on first use (torch's JIT `cpp_extension.load`): the shared-memory comm op at
 `init_distributed` (~3.5 min on this 2-core machine), CPU FusedAdam for an optimizer from the config (~5 min),
