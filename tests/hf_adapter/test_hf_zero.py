@@ -3,6 +3,7 @@ behind the labelled shim, and the stack check that refuses a DeepSpeed request A
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -10,15 +11,19 @@ import pytest
 pytest.importorskip("accelerate.state")  # a module of the real package, not a namespace folder
 pytest.importorskip("deepspeed")
 
+import accelerate
 import slices
 import torch
 from accelerate import Accelerator, DeepSpeedPlugin
 from hf_cells import ADAPTER, cell, run
 from hf_fixtures import one_process_group  # noqa: F401 (a fixture)
+from packaging.version import Version
 from torch import nn
 
 from pytest_freezecompat.adapters.hf import ZERO_PLUGINS, emulation, state
 from pytest_freezecompat.controller.pool import RankPool
+
+ACCELERATE = Version(accelerate.__version__)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +67,18 @@ def test_the_check_refuses_a_deepspeed_request_accelerate_silently_ran_without_d
     with pytest.raises(state.StackMismatch, match=r"asked for distributed_type=DEEPSPEED, num_processes=1, wrapper "
                                                   r"deepspeed; Accelerate gave distributed_type=(?!DEEPSPEED)"):
         state.check(ZERO_PLUGINS[1], "DEEPSPEED", "deepspeed", accelerator, prepared, 1)
+
+
+def test_without_the_shim_accelerate_1_15_counts_one_process_and_the_check_refuses_it(pool: RankPool) -> None:
+    """Asked for DeepSpeed on CPU without the shim, Accelerate 1.15.0 inits DeepSpeed's 2-rank group yet counts one
+    process per rank (its own backend stays None) and the engine trains regardless (the config's batch sizes are
+    explicit): silent but for the stack check. Accelerate 1.10.1 counts both ranks there and needs no shim."""
+    marked = cell("accelerate-zero3", "none")
+    verdict, records = run(pool, dataclasses.replace(marked, emulation=False, shim=None))
+    assert not records[0].emulated
+    if ACCELERATE < Version("1.15.0"):
+        assert verdict.status == "pass", verdict.message
+        return
+    assert verdict.status == "error" and records[0].error.type == "StackMismatch", verdict.message
+    assert ("asked for distributed_type=DEEPSPEED, num_processes=2, wrapper deepspeed; Accelerate gave "
+            "distributed_type=DEEPSPEED, num_processes=1" in records[0].error.message), records[0].error.message
