@@ -99,7 +99,7 @@ def test_moments_are_found_in_either_zero_layout() -> None:
 @pytest.mark.parametrize(("plugin", "reads"), [("zero0", "param.grad itself"), ("zero2", "_hp_mapping"),
                                                ("zero3", "get_fp32_grad_for_param")])
 def test_the_grad_access_says_where_each_stage_keeps_grads(plugin: str, reads: str) -> None:
-    assert reads in ds.grad_access(ds.parse_plugin(plugin))
+    assert reads in deepspeed_views.grad_access(ds.parse_plugin(plugin))
 
 
 def test_the_cpu_is_asked_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
