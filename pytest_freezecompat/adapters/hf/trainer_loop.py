@@ -285,6 +285,10 @@ class TrainerRun:
     def close(self) -> None:
         settle_groups()
         dist.barrier()
+        if self.wrapper == "deepspeed":  # the rank stays warm: the engine's hooks and registries go now
+            from . import zero
+
+            zero.destroy(self.trainer.model_wrapped)
         self.trainer.accelerator.free_memory()
         self.trainer = None  # type: ignore[assignment]
 
