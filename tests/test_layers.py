@@ -31,7 +31,8 @@ MAY_IMPORT = {
     "__init__": set(),
 }
 #: What every adapter may share (the rest of `adapters/` is one package per framework).
-SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize", "saved_files")
+SHARED_ADAPTER_MODULES = ("base", "loop", "views", "emulation", "materialize", "saved_files", "deepspeed_ops",
+                          "deepspeed_views")
 #: Modules that a plain `pytest` run (plugin installed, no matrix) or the report tools import: no torch.
 TORCH_FREE = ("core", "spec", "verdict", "report", "controller", "plugin", "options", "cli", "bisect", "advice",
               "__init__")

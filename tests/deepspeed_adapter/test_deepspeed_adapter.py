@@ -14,7 +14,9 @@ pytest.importorskip("deepspeed")
 import torch
 from slices import matrix_cell
 
-from pytest_freezecompat.adapters.deepspeed import DECLARATION, ops
+from pytest_freezecompat.adapters import deepspeed_ops as ops
+from pytest_freezecompat.adapters import deepspeed_views
+from pytest_freezecompat.adapters.deepspeed import DECLARATION
 from pytest_freezecompat.adapters.deepspeed import adapter as ds
 from pytest_freezecompat.core.cell import Cell
 
@@ -88,16 +90,16 @@ def test_a_missing_op_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 def test_moments_are_found_in_either_zero_layout() -> None:
     moment = {"exp_avg": torch.ones(3), "exp_avg_sq": torch.ones(3)}
-    assert ds._holds_moments({"base_optimizer_state": [moment]})  # stages 1-2
-    assert ds._holds_moments({"optimizer_state_dict": {"state": {0: moment}}})  # stage 3
-    assert not ds._holds_moments({"optimizer_state_dict": {"state": {}}})
-    assert not ds._holds_moments({"state": {0: {"exp_avg": torch.empty(0)}}})
+    assert deepspeed_views._holds_moments({"base_optimizer_state": [moment]})  # stages 1-2
+    assert deepspeed_views._holds_moments({"optimizer_state_dict": {"state": {0: moment}}})  # stage 3
+    assert not deepspeed_views._holds_moments({"optimizer_state_dict": {"state": {}}})
+    assert not deepspeed_views._holds_moments({"state": {0: {"exp_avg": torch.empty(0)}}})
 
 
 @pytest.mark.parametrize(("plugin", "reads"), [("zero0", "param.grad itself"), ("zero2", "_hp_mapping"),
                                                ("zero3", "get_fp32_grad_for_param")])
 def test_the_grad_access_says_where_each_stage_keeps_grads(plugin: str, reads: str) -> None:
-    assert reads in ds.grad_access(ds.parse_plugin(plugin))
+    assert reads in deepspeed_views.grad_access(ds.parse_plugin(plugin))
 
 
 def test_the_cpu_is_asked_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .ops import extensions_dir, load_all
+from ..deepspeed_ops import extensions_dir, load_all
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
 """Hugging Face Accelerate, the Transformers Trainer and PEFT: the user's own loop through `accelerator.prepare` /
-`backward` / `clip_grad_norm_` under DDP, FSDP1 and FSDP2 (`accelerate-*`), and `Trainer.train()` (`trainer-*`)."""
+`backward` / `clip_grad_norm_` under DDP, FSDP1, FSDP2 and DeepSpeed ZeRO (`accelerate-*`), and `Trainer.train()`
+(`trainer-*`)."""
 
 from ...core.declaration import AdapterDeclaration
 
@@ -10,8 +11,11 @@ ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", 
 #: The `trainer-*` driver: `Trainer.train()` owns the loop, its optimizer and its checkpoints.
 TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2")
 
+#: Accelerate's DeepSpeed path, from both drivers (`zero`): ZeRO stage 2 or 3, the user's (the Trainer's) AdamW.
+ZERO_PLUGINS = ("accelerate-zero2", "accelerate-zero3", "trainer-zero2", "trainer-zero3")
+
 DECLARATION = AdapterDeclaration(
-    plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS),
+    plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS, *ZERO_PLUGINS),
     init=("eager",),
     checkpoint=("none", "reentrant", "non-reentrant"),
     implementation="pytest_freezecompat.adapters.hf.adapter:HFAdapter",
@@ -31,6 +35,12 @@ DECLARATION = AdapterDeclaration(
            "trainer-fsdp2": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 2})), "
                             "train(); its own optimizer, clipping and checkpoints (the plugin's FSDP2 default, "
                             "SHARDED_STATE_DICT)",
+           **{f"accelerate-zero{n}": f"Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)) with ZeRO "
+                                     f"stage {n}, the user's AdamW and loop; the config's gradient_clipping"
+              for n in (2, 3)},
+           **{f"trainer-zero{n}": f"Trainer(args=TrainingArguments(deepspeed={{'zero_optimization': {{'stage': {n}}}, "
+                                  "...})), train(); its own AdamW, clipping and checkpoints (the engine's)"
+              for n in (2, 3)},
            "eager": "model built as usual", "none": "no activation checkpointing",
            "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},

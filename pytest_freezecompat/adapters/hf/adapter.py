@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..base import AdapterBase, RunContext
 from ..loop import train
-from . import state
+from . import ZERO_PLUGINS, state
 from .accelerate_loop import PLUGINS, AccelerateLoop
 
 
@@ -15,6 +15,11 @@ class HFAdapter(AdapterBase):
         # Nothing a previous cell left (variables, shared state) may reach this one, nor this one's the next.
         state.fresh()
         try:
+            if plugin in ZERO_PLUGINS and plugin.startswith("accelerate-"):
+                from . import zero  # DeepSpeed's import is the ZeRO cells' cost alone
+
+                zero.run_accelerate(ctx, plugin)
+                return
             if plugin.startswith("trainer-"):
                 from . import trainer_loop  # transformers' import is the Trainer cells' cost alone
 

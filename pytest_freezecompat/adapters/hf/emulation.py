@@ -29,8 +29,8 @@ from ..base import Probe
 from ..emulation import Patch, Shim, fsdp1_cpu_offload_patches
 
 BACKEND = ("PartialState._prepare_backend -> ('gloo', DistributedType.MULTI_GPU), device from "
-           "ACCELERATE_TORCH_DEVICE=cpu (Accelerate takes FSDP only from a GPU-like distributed type; on CPU it "
-           "silently falls back to DDP)")
+           "ACCELERATE_TORCH_DEVICE=cpu (Accelerate takes FSDP and DeepSpeed only from a GPU-like distributed type; on "
+           "CPU it silently falls back to DDP, or to one process per rank)")
 #: The variables the shim sets for the length of a cell: a fresh state keeps them (see `state.fresh`).
 OWNED_ENV = {"ACCELERATE_TORCH_DEVICE": "cpu"}
 

@@ -45,7 +45,10 @@ def fresh(keep: Iterable[str] = ()) -> list[str]:
 
 
 def wrapper_kind(model: object) -> str:
-    """`ddp`, `fsdp1-flat`, `fsdp1-orig-params`, `fsdp2` or the class name: what wraps the prepared model."""
+    """`ddp`, `fsdp1-flat`, `fsdp1-orig-params`, `fsdp2`, `deepspeed` or the class name: what wraps the prepared
+    model."""
+    import sys
+
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -56,6 +59,9 @@ def wrapper_kind(model: object) -> str:
         return "fsdp1-orig-params" if model._use_orig_params else "fsdp1-flat"
     if isinstance(model, FSDPModule):
         return "fsdp2"
+    engine = sys.modules.get("deepspeed.runtime.engine")  # imported where an engine can exist
+    if engine is not None and isinstance(model, engine.DeepSpeedEngine):
+        return "deepspeed"
     return type(model).__name__
 
 

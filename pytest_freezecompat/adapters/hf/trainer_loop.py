@@ -35,13 +35,15 @@ from .. import loop
 from ..base import Batch, RunContext, apply_freeze
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
 from ..views import DTensorView, ParamView, settle_groups
-from . import state
+from . import ZERO_PLUGINS, state
 from .accelerate_loop import saved_contents
 from .emulation import OWNED_ENV
 
 #: plugin -> (the FSDP version or None for DDP, the wrapper `state.wrapper_kind` must see). DDP runs with
 #: `use_cpu=True` on CPU; FSDP through `TrainingArguments(fsdp=..., fsdp_config=...)`, behind the shim on CPU.
 TRAINER_PLUGINS: dict[str, tuple[int | None, str]] = {"trainer-ddp": (None, "ddp"), "trainer-fsdp2": (2, "fsdp2")}
+#: DeepSpeed through `TrainingArguments(deepspeed=config)`, behind the shim on CPU (see `zero`).
+TRAINER_PLUGINS.update({plugin: (None, "deepspeed") for plugin in ZERO_PLUGINS if plugin.startswith("trainer-")})
 #: What a user passes for FSDP: every block in a unit of its own, the rest the Trainer's defaults (its checkpoints
 #: take the plugin's default state dict type: SHARDED_STATE_DICT for FSDP2).
 FSDP_ARGS = "full_shard auto_wrap"
@@ -200,14 +202,20 @@ class TrainerRun:
             # What `accelerate launch` with `fsdp_version: 2` exports: transformers 4.57.1's fsdp_config has no
             # version key (5.x's "version" sets the same variable); cleared with the cell's other FSDP_* variables.
             os.environ["FSDP_VERSION"] = str(self.version)
+        if self.wrapper == "deepspeed":
+            from . import zero  # DeepSpeed's import is the ZeRO cells' cost alone
+
+            fsdp = {"deepspeed": zero.config(ctx, plugin)}
         args = TrainingArguments(
-            output_dir=str(folder), use_cpu=ctx.device.type == "cpu" and self.version is None, **fsdp,
+            output_dir=str(folder), use_cpu=ctx.device.type == "cpu" and self.wrapper == "ddp", **fsdp,
             per_device_train_batch_size=hyper.batch_per_rank,
             max_steps=hyper.steps, learning_rate=hyper.lr, adam_beta1=hyper.betas[0], adam_beta2=hyper.betas[1],
             adam_epsilon=hyper.eps, weight_decay=hyper.weight_decay, optim="adamw_torch",
             lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=hyper.max_norm, seed=hyper.seed,
             save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
             dataloader_num_workers=0, remove_unused_columns=False)
+        if self.wrapper == "deepspeed":
+            zero.keep_trainer_groups(ctx, args)
         self.callback = _Probes(self, first_step, saves)
         self.trainer = _CellTrainer(model=model, args=args, callbacks=[self.callback], cell_run=self)
         self.trainer.remove_callback(PrinterCallback)  # disable_tqdm's stand-in prints every log to stdout
@@ -218,10 +226,16 @@ class TrainerRun:
         """The view of what `train()` wrapped, once the stack is checked (`state.check`)."""
         trainer = self.trainer
         want_type = "FSDP" if self.version else "MULTI_CPU" if self.ctx.device.type == "cpu" else "MULTI_GPU"
+        if self.wrapper == "deepspeed":
+            from . import zero
+
+            want_type = zero.DISTRIBUTED_TYPE
         state.check(self.plugin, want_type, self.wrapper, trainer.accelerator, trainer.model_wrapped,
                     self.ctx.world_size)
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-        if self.wrapper == "fsdp2":
+        if self.wrapper == "deepspeed":
+            self._view = zero.ZeroView(trainer.model_wrapped, self.plugin)
+        elif self.wrapper == "fsdp2":
             self._view = DTensorView(trainer.model_wrapped, inner)
         else:
             self._view = ParamView(trainer.model_wrapped.module, inner)
@@ -254,6 +268,11 @@ class TrainerRun:
         contents = saved_contents(self.checkpoint(), {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>")
                                                       for i, p in enumerate(params)})
         peft = getattr(self.trainer.model, "peft_config", None)
+        if self.wrapper == "deepspeed":
+            from . import zero
+
+            contents = zero.trainer_saved(self.checkpoint(), contents, self.view,
+                                          getattr(self.trainer.model, "active_adapter", "default") if peft else None)
         if not peft:
             return contents
         adapter = getattr(self.trainer.model, "active_adapter", "default")
@@ -266,6 +285,10 @@ class TrainerRun:
     def close(self) -> None:
         settle_groups()
         dist.barrier()
+        if self.wrapper == "deepspeed":  # the rank stays warm: the engine's hooks and registries go now
+            from . import zero
+
+            zero.destroy(self.trainer.model_wrapped)
         self.trainer.accelerator.free_memory()
         self.trainer = None  # type: ignore[assignment]
 

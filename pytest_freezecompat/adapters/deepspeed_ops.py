@@ -1,4 +1,5 @@
-"""DeepSpeed's C++ ops, built once with the environment and cached inside it.
+"""DeepSpeed's C++ ops, built once with the environment and cached inside it (for the deepspeed adapter and the hf
+adapter's ZeRO plugins: each one's `environment_setup` builds the ops its cells load).
 
 DeepSpeed compiles its ops on first use (torch's JIT `cpp_extension.load`): the shared-memory comm op at
 `init_distributed` (~3.5 min on this 2-core machine), CPU FusedAdam for an optimizer from the config (~5 min),
@@ -34,35 +35,35 @@ def use_environment_cache() -> None:
 
 
 @functools.cache
-def _builders() -> dict[str, Any]:
-    """This process's accelerator's builders of `OPS` that exist and can build here (DeepSpeed's own test; once
+def _builders(names: tuple[str, ...] = OPS) -> dict[str, Any]:
+    """This process's accelerator's builders of `names` that exist and can build here (DeepSpeed's own test; once
     per process: a CUDA builder's test asks nvcc)."""
     from deepspeed.accelerator import get_accelerator
 
-    found = {name: get_accelerator().create_op_builder(name) for name in OPS}
+    found = {name: get_accelerator().create_op_builder(name) for name in names}
     return {name: builder for name, builder in found.items() if builder is not None and builder.is_compatible()}
 
 
-def load_all(verbose: bool = False) -> dict[str, float]:
-    """Load (building where not cached) every op this accelerator needs; seconds per op."""
+def load_all(verbose: bool = False, names: tuple[str, ...] = OPS) -> dict[str, float]:
+    """Load (building where not cached) every op of `names` this accelerator needs; seconds per op."""
     import time
 
     use_environment_cache()
     seconds = {}
-    for name, builder in _builders().items():
+    for name, builder in _builders(names).items():
         started = time.perf_counter()
         builder.load(verbose=verbose)
         seconds[name] = round(time.perf_counter() - started, 1)
     return seconds
 
 
-def missing() -> list[str]:
-    """The ops this accelerator needs that are neither installed prebuilt nor built in the environment's cache (a
-    cell would compile them: refuse instead)."""
+def missing(names: tuple[str, ...] = OPS) -> list[str]:
+    """The ops of `names` this accelerator needs that are neither installed prebuilt nor built in the environment's
+    cache (a cell would compile them: refuse instead)."""
     from deepspeed.git_version_info import installed_ops
 
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", extensions_dir()))
-    return [name for name, builder in _builders().items()
+    return [name for name, builder in _builders(names).items()
             if not installed_ops.get(builder.NAME) and not any(root.glob(f"**/{builder.NAME}*.so"))]
 
 
