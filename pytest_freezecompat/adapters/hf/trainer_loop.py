@@ -41,9 +41,13 @@ from .emulation import OWNED_ENV
 
 #: plugin -> (the FSDP version or None for DDP, the wrapper `state.wrapper_kind` must see). DDP runs with
 #: `use_cpu=True` on CPU; FSDP through `TrainingArguments(fsdp=..., fsdp_config=...)`, behind the shim on CPU.
-TRAINER_PLUGINS: dict[str, tuple[int | None, str]] = {"trainer-ddp": (None, "ddp"), "trainer-fsdp2": (2, "fsdp2")}
-#: What a user passes for FSDP: every block in a unit of its own, the rest the Trainer's defaults (its checkpoints
-#: take the plugin's default state dict type: SHARDED_STATE_DICT for FSDP2).
+TRAINER_PLUGINS: dict[str, tuple[int | None, str]] = {"trainer-ddp": (None, "ddp"), "trainer-fsdp2": (2, "fsdp2"),
+                                                      "trainer-fsdp2-full-state-dict": (2, "fsdp2")}
+#: plugin -> the FSDP state dict type its checkpoints take, named: the default moved (transformers 5.x's fsdp_config
+#: defaults to FULL_STATE_DICT; 4.57.1 leaves it to the plugin, whose FSDP2 default is SHARDED_STATE_DICT), so a
+#: plugin that left it out would save one way on one release and the other way on the other.
+STATE_DICT_TYPES = {"trainer-fsdp2": "SHARDED_STATE_DICT", "trainer-fsdp2-full-state-dict": "FULL_STATE_DICT"}
+#: What a user passes for FSDP: every block in a unit of its own, the rest the Trainer's defaults.
 FSDP_ARGS = "full_shard auto_wrap"
 #: A model with no block class to wrap (a user's model) is one FSDP unit: no auto wrap.
 FSDP_ONE_UNIT = "full_shard"
@@ -195,11 +199,14 @@ class TrainerRun:
             # materialize on (none on CPU), where 1.15.0 takes the CPU.
             fsdp = {"fsdp": FSDP_ARGS if blocks else FSDP_ONE_UNIT, "fsdp_config": {
                 "version": self.version, "sync_module_states": False,
+                "state_dict_type": STATE_DICT_TYPES[plugin],
                 **({"transformer_layer_cls_to_wrap": blocks} if blocks else {})}}
         if self.version is not None:
-            # What `accelerate launch` with `fsdp_version: 2` exports: transformers 4.57.1's fsdp_config has no
-            # version key (5.x's "version" sets the same variable); cleared with the cell's other FSDP_* variables.
+            # What `accelerate launch` with `fsdp_version: 2` and `fsdp_state_dict_type` exports: transformers
+            # 4.57.1's fsdp_config has neither key (5.x's set the plugin's arguments); cleared with the cell's other
+            # FSDP_* variables.
             os.environ["FSDP_VERSION"] = str(self.version)
+            os.environ["FSDP_STATE_DICT_TYPE"] = STATE_DICT_TYPES[plugin]
         args = TrainingArguments(
             output_dir=str(folder), use_cpu=ctx.device.type == "cpu" and self.version is None, **fsdp,
             per_device_train_batch_size=hyper.batch_per_rank,
