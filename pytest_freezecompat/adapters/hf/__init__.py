@@ -8,7 +8,7 @@ ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", 
                       "accelerate-fsdp1-full-state-dict", "accelerate-fsdp1-orig-params-full-state-dict")
 
 #: The `trainer-*` driver: `Trainer.train()` owns the loop, its optimizer and its checkpoints.
-TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2", "trainer-fsdp2-full-state-dict")
+TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2", "trainer-fsdp2-full-state-dict", "trainer-fsdp1")
 
 DECLARATION = AdapterDeclaration(
     plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS),
@@ -31,6 +31,9 @@ DECLARATION = AdapterDeclaration(
            "trainer-fsdp2": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 2, "
                             "'state_dict_type': 'SHARDED_STATE_DICT'})), train(); its own optimizer, clipping and "
                             "checkpoints (4.57.1: FSDP_STATE_DICT_TYPE, as accelerate launch exports it)",
+           "trainer-fsdp1": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 1})), "
+                            "train(): its defaults use_orig_params=true and FULL_STATE_DICT; a PeftModel takes peft's "
+                            "fsdp_auto_wrap_policy (the Trainer sets it)",
            "trainer-fsdp2-full-state-dict": "trainer-fsdp2 with state_dict_type FULL_STATE_DICT (transformers 5.x's "
                                             "fsdp_config default): a PeftModel saves through "
                                             "save_fsdp_model(adapter_only=True)",

@@ -34,7 +34,7 @@ from ... import models
 from .. import loop
 from ..base import Batch, RunContext, apply_freeze
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
-from ..views import DTensorView, ParamView, settle_groups
+from ..views import DTensorView, FSDP1View, ParamView, settle_groups
 from . import state
 from .accelerate_loop import saved_contents
 from .emulation import OWNED_ENV
@@ -42,11 +42,14 @@ from .emulation import OWNED_ENV
 #: plugin -> (the FSDP version or None for DDP, the wrapper `state.wrapper_kind` must see). DDP runs with
 #: `use_cpu=True` on CPU; FSDP through `TrainingArguments(fsdp=..., fsdp_config=...)`, behind the shim on CPU.
 TRAINER_PLUGINS: dict[str, tuple[int | None, str]] = {"trainer-ddp": (None, "ddp"), "trainer-fsdp2": (2, "fsdp2"),
-                                                      "trainer-fsdp2-full-state-dict": (2, "fsdp2")}
+                                                      "trainer-fsdp2-full-state-dict": (2, "fsdp2"),
+                                                      "trainer-fsdp1": (1, "fsdp1-orig-params")}
 #: plugin -> the FSDP state dict type its checkpoints take, named: the default moved (transformers 5.x's fsdp_config
 #: defaults to FULL_STATE_DICT; 4.57.1 leaves it to the plugin, whose FSDP2 default is SHARDED_STATE_DICT), so a
 #: plugin that left it out would save one way on one release and the other way on the other.
-STATE_DICT_TYPES = {"trainer-fsdp2": "SHARDED_STATE_DICT", "trainer-fsdp2-full-state-dict": "FULL_STATE_DICT"}
+STATE_DICT_TYPES = {"trainer-fsdp2": "SHARDED_STATE_DICT", "trainer-fsdp2-full-state-dict": "FULL_STATE_DICT",
+                    # FSDP1's default on both releases; on CPU behind the shim's two labelled FSDP1 offload patches
+                    "trainer-fsdp1": "FULL_STATE_DICT"}
 #: What a user passes for FSDP: every block in a unit of its own, the rest the Trainer's defaults.
 FSDP_ARGS = "full_shard auto_wrap"
 #: A model with no block class to wrap (a user's model) is one FSDP unit: no auto wrap.
@@ -230,6 +233,8 @@ class TrainerRun:
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
         if self.wrapper == "fsdp2":
             self._view = DTensorView(trainer.model_wrapped, inner)
+        elif self.version == 1:
+            self._view = FSDP1View(trainer.model_wrapped, inner)
         else:
             self._view = ParamView(trainer.model_wrapped.module, inner)
         self._view.grad_access += ", read in Trainer.training_step (train() zeroes grads after each step)"
