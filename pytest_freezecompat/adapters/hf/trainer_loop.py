@@ -35,7 +35,7 @@ from .. import loop
 from ..base import Batch, RunContext, apply_freeze
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
 from ..views import DTensorView, FSDP1View, ParamView, settle_groups
-from . import state
+from . import staged, state
 from .accelerate_loop import saved_contents
 from .emulation import OWNED_ENV
 
@@ -140,6 +140,7 @@ class _Probes(TrainerCallback):
         self.saved: bool | None = None
 
     def on_train_begin(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        staged.release(self.run.bare, self.run.late)  # train() has built its optimizer by this event
         self.probes = StepProbes(self.run.ctx.probe, self.run.wrapped())
         if self.step == 0:
             self.probes.wrapped()
@@ -191,6 +192,8 @@ class TrainerRun:
         model = ctx.build_model(device=ctx.device)
         self.plan = ctx.resolve_plan(model)
         apply_freeze(self.plan, model)
+        self.bare, self.late = model, staged.late_params(ctx)
+        staged.hold(model, self.late)
         ctx.probe.phase(f"Trainer ({plugin})")
         hyper = ctx.cell.hyper
         self.version, self.wrapper = TRAINER_PLUGINS[plugin]
