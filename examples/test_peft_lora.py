@@ -54,3 +54,12 @@ def tiny_llama_lora_bias_all() -> nn.Module:
 })
 def tiny_llama_lora_modules_to_save() -> nn.Module:
     return get_peft_model(tiny_llama(), lora(modules_to_save=["lm_head"]))
+
+
+@freeze_case(batch=token_batch, loss=causal_lm_loss, init=["eager"], frameworks=["hf"], checkpoint=["none"], patterns={
+    "lora-head-after-optimizer": {"trainable": [*LORA, "*.lm_head.*"]},
+})
+def tiny_llama_lora_head() -> nn.Module:
+    """The head is meant to train beside the adapter but is unfrozen only after the optimizer was built (the hf row's
+    rule says when: matrix/frameworks/hf.toml)."""
+    return get_peft_model(tiny_llama(), lora())
