@@ -145,7 +145,8 @@ class Runner:
         if python is None:
             return Probe(release, "skip", reason=why, seconds=time.monotonic() - started)
         with tempfile.TemporaryDirectory(prefix="freezecompat-bisect-") as report:
-            command = [str(python), "-m", "pytest", "--freeze-matrix", "-p", "no:cacheprovider", "-q",
+            # "examples": the user-model cells too, as nox's matrix sessions run them (a peft model's cells)
+            command = [str(python), "-m", "pytest", "--freeze-matrix", "-p", "no:cacheprovider", "-q", "examples",
                        f"--freeze-matrix-environment={self.framework.name}{RELEASE_SEPARATOR}{release}",
                        f"--freeze-matrix-select={self.select}", f"--freeze-matrix-report={report}"]
             if self.spec.path.resolve() != (self.root / "matrix" / "matrix.toml").resolve():

@@ -147,6 +147,23 @@ def test_a_peer_left_waiting_in_the_round_trip_still_gets_the_run_judged():
     assert verdict.message.endswith("left waiting: rank 1 (resume: load)")
 
 
+def test_a_peers_raise_in_the_round_trip_fails_resume_while_the_lead_rank_waits():
+    """The lead rank (it holds the reference) still waits in a collective its peer left by raising (the Trainer's
+    load on a non-main rank): the peer's raise is the cell's resume failure, not a silent harness error."""
+    peer = record()
+    peer.resume.error = RankError("KeyError", "'base_model.model.lm_head.weight'", "", 1, "f.py:1 in g",
+                                  "resume: load", "", at=1.0)
+    run = CellRun(Outcome.STUCK_AFTER_ERROR, [RankState(0, "resume: load", None),
+                                              RankState(1, "resume: load", peer)])
+    cell = Cell(key=CellKey("tiny-gpt", "torch", "ddp", "eager", "none", "embedding"), environment="torch",
+                adapter="x:Y", world_size=2, device="cpu", pattern=FreezePattern("embedding"), groups={})
+    verdict = checks.judge(run, cell, 60)
+    assert (verdict.status, verdict.check) == ("fail", "resume")
+    assert verdict.message == ("resume: load: KeyError: 'base_model.model.lm_head.weight' (rank 1, f.py:1 in g); "
+                               "left waiting: rank 0 (resume: load)")
+    assert verdict.failures[0].raised
+
+
 def test_resuming_without_the_grads_that_accumulated_outside_the_optimizer_is_expected():
     """With a param outside the optimizer, its grad accumulates across steps in the uninterrupted run; no
     checkpoint holds it, so the resumed run is expected to differ by what resuming changes in the reference."""

@@ -646,6 +646,13 @@ def judge(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | None = 
         if verdict.failures:
             verdict.message = verdict.failures[0].message
         return verdict
+    if failed.error is None and failed.resume is not None and failed.resume.error is not None:
+        # A peer's round trip raised while the lead rank still waits inside it (a collective the peer left): the
+        # lead's record, which holds the reference, never came; the peer's raise is the cell's resume failure.
+        err = failed.resume.error
+        text = f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where}); left waiting: {stuck}"
+        failure = CheckFailure("resume", failed.resume.saved_after + 1, text, (), raised=True)
+        return Verdict(Status.FAIL, "resume", text, failures=[failure])
     base = judge_records([failed], cell.precision, may_refuse)
     return Verdict(Status.ERROR, None, f"{base.message}; left waiting: {stuck}", harness=base.harness,
                    raised_in=base.raised_in)

@@ -9,7 +9,7 @@ ACCELERATE_PLUGINS = ("accelerate-ddp", "accelerate-fsdp2", "accelerate-fsdp1", 
                       "accelerate-fsdp1-full-state-dict", "accelerate-fsdp1-orig-params-full-state-dict")
 
 #: The `trainer-*` driver: `Trainer.train()` owns the loop, its optimizer and its checkpoints.
-TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2")
+TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2", "trainer-fsdp2-full-state-dict", "trainer-fsdp1")
 
 #: Accelerate's DeepSpeed path, from both drivers (`zero`): ZeRO stage 2 or 3, the user's (the Trainer's) AdamW.
 ZERO_PLUGINS = ("accelerate-zero2", "accelerate-zero3", "trainer-zero2", "trainer-zero3")
@@ -32,9 +32,15 @@ DECLARATION = AdapterDeclaration(
                                                            "use_orig_params=True), state_dict_type=FULL_STATE_DICT",
            "trainer-ddp": "Trainer(args=TrainingArguments(use_cpu=True)) (DDP), train(); its own AdamW over the "
                           "params that require grad, max_grad_norm clipping and checkpoints",
-           "trainer-fsdp2": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 2})), "
-                            "train(); its own optimizer, clipping and checkpoints (the plugin's FSDP2 default, "
-                            "SHARDED_STATE_DICT)",
+           "trainer-fsdp2": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 2, "
+                            "'state_dict_type': 'SHARDED_STATE_DICT'})), train(); its own optimizer, clipping and "
+                            "checkpoints (4.57.1: FSDP_STATE_DICT_TYPE, as accelerate launch exports it)",
+           "trainer-fsdp1": "Trainer(args=TrainingArguments(fsdp='full_shard auto_wrap', fsdp_config={'version': 1})), "
+                            "train(): its defaults use_orig_params=true and FULL_STATE_DICT; a PeftModel takes peft's "
+                            "fsdp_auto_wrap_policy (the Trainer sets it)",
+           "trainer-fsdp2-full-state-dict": "trainer-fsdp2 with state_dict_type FULL_STATE_DICT (transformers 5.x's "
+                                            "fsdp_config default): a PeftModel saves through "
+                                            "save_fsdp_model(adapter_only=True)",
            **{f"accelerate-zero{n}": f"Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=...)) with ZeRO "
                                      f"stage {n}, the user's AdamW and loop; the config's gradient_clipping"
               for n in (2, 3)},

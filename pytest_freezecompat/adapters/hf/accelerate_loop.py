@@ -25,7 +25,7 @@ from ..base import RunContext, apply_freeze, strip_wrapper_infixes
 from ..loop import Saved
 from ..saved_files import dcp_keys, load_file, state_names
 from ..views import FSDP1_INFIXES, DTensorView, FSDP1View, ParamView, optimizer_params, settle_groups
-from . import state
+from . import staged, state
 from .emulation import OWNED_ENV
 
 #: A plugin id with this suffix saves FSDP1's full state dict (Accelerate's FSDP1 default), behind the shim's two
@@ -82,6 +82,8 @@ class AccelerateLoop:
         model = ctx.build_model(device=ctx.device)
         plan = ctx.resolve_plan(model)
         apply_freeze(plan, model)
+        late = staged.late_params(ctx)
+        staged.hold(model, late)
         ctx.probe.phase(f"Accelerator ({plugin})")
         if version is None:
             self.accelerator = Accelerator(cpu=ctx.device.type == "cpu")
@@ -101,6 +103,7 @@ class AccelerateLoop:
         else:  # DDP keeps the params; FSDP2 must have both at once (Accelerate swaps the optimizer's params)
             optimizer = ctx.make_optimizer(optimizer_params(model, plan.optimized))
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        staged.release(model, late)
         state.check(plugin, self.want_type, self.wrapper, self.accelerator, self.model, ctx.world_size)
         inner = _unwrap(self.optimizer)
         if self.wrapper == "ddp":

@@ -34,18 +34,25 @@ from ... import models
 from .. import loop
 from ..base import Batch, RunContext, apply_freeze
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
-from ..views import DTensorView, ParamView, settle_groups
-from . import ZERO_PLUGINS, state
+from ..views import DTensorView, FSDP1View, ParamView, settle_groups
+from . import ZERO_PLUGINS, staged, state
 from .accelerate_loop import saved_contents
 from .emulation import OWNED_ENV
 
 #: plugin -> (the FSDP version or None for DDP, the wrapper `state.wrapper_kind` must see). DDP runs with
 #: `use_cpu=True` on CPU; FSDP through `TrainingArguments(fsdp=..., fsdp_config=...)`, behind the shim on CPU.
-TRAINER_PLUGINS: dict[str, tuple[int | None, str]] = {"trainer-ddp": (None, "ddp"), "trainer-fsdp2": (2, "fsdp2")}
+TRAINER_PLUGINS: dict[str, tuple[int | None, str]] = {"trainer-ddp": (None, "ddp"), "trainer-fsdp2": (2, "fsdp2"),
+                                                      "trainer-fsdp2-full-state-dict": (2, "fsdp2"),
+                                                      "trainer-fsdp1": (1, "fsdp1-orig-params")}
 #: DeepSpeed through `TrainingArguments(deepspeed=config)`, behind the shim on CPU (see `zero`).
 TRAINER_PLUGINS.update({plugin: (None, "deepspeed") for plugin in ZERO_PLUGINS if plugin.startswith("trainer-")})
-#: What a user passes for FSDP: every block in a unit of its own, the rest the Trainer's defaults (its checkpoints
-#: take the plugin's default state dict type: SHARDED_STATE_DICT for FSDP2).
+#: plugin -> the FSDP state dict type its checkpoints take, named: the default moved (transformers 5.x's fsdp_config
+#: defaults to FULL_STATE_DICT; 4.57.1 leaves it to the plugin, whose FSDP2 default is SHARDED_STATE_DICT), so a
+#: plugin that left it out would save one way on one release and the other way on the other.
+STATE_DICT_TYPES = {"trainer-fsdp2": "SHARDED_STATE_DICT", "trainer-fsdp2-full-state-dict": "FULL_STATE_DICT",
+                    # FSDP1's default on both releases; on CPU behind the shim's two labelled FSDP1 offload patches
+                    "trainer-fsdp1": "FULL_STATE_DICT"}
+#: What a user passes for FSDP: every block in a unit of its own, the rest the Trainer's defaults.
 FSDP_ARGS = "full_shard auto_wrap"
 #: A model with no block class to wrap (a user's model) is one FSDP unit: no auto wrap.
 FSDP_ONE_UNIT = "full_shard"
@@ -135,6 +142,7 @@ class _Probes(TrainerCallback):
         self.saved: bool | None = None
 
     def on_train_begin(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        staged.release(self.run.bare, self.run.late)  # train() has built its optimizer by this event
         self.probes = StepProbes(self.run.ctx.probe, self.run.wrapped())
         if self.step == 0:
             self.probes.wrapped()
@@ -186,6 +194,8 @@ class TrainerRun:
         model = ctx.build_model(device=ctx.device)
         self.plan = ctx.resolve_plan(model)
         apply_freeze(self.plan, model)
+        self.bare, self.late = model, staged.late_params(ctx)
+        staged.hold(model, self.late)
         ctx.probe.phase(f"Trainer ({plugin})")
         hyper = ctx.cell.hyper
         self.version, self.wrapper = TRAINER_PLUGINS[plugin]
@@ -197,11 +207,14 @@ class TrainerRun:
             # materialize on (none on CPU), where 1.15.0 takes the CPU.
             fsdp = {"fsdp": FSDP_ARGS if blocks else FSDP_ONE_UNIT, "fsdp_config": {
                 "version": self.version, "sync_module_states": False,
+                "state_dict_type": STATE_DICT_TYPES[plugin],
                 **({"transformer_layer_cls_to_wrap": blocks} if blocks else {})}}
         if self.version is not None:
-            # What `accelerate launch` with `fsdp_version: 2` exports: transformers 4.57.1's fsdp_config has no
-            # version key (5.x's "version" sets the same variable); cleared with the cell's other FSDP_* variables.
+            # What `accelerate launch` with `fsdp_version: 2` and `fsdp_state_dict_type` exports: transformers
+            # 4.57.1's fsdp_config has neither key (5.x's set the plugin's arguments); cleared with the cell's other
+            # FSDP_* variables.
             os.environ["FSDP_VERSION"] = str(self.version)
+            os.environ["FSDP_STATE_DICT_TYPE"] = STATE_DICT_TYPES[plugin]
         if self.wrapper == "deepspeed":
             from . import zero  # DeepSpeed's import is the ZeRO cells' cost alone
 
@@ -237,6 +250,8 @@ class TrainerRun:
             self._view = zero.ZeroView(trainer.model_wrapped, self.plugin)
         elif self.wrapper == "fsdp2":
             self._view = DTensorView(trainer.model_wrapped, inner)
+        elif self.version == 1:
+            self._view = FSDP1View(trainer.model_wrapped, inner)
         else:
             self._view = ParamView(trainer.model_wrapped.module, inner)
         self._view.grad_access += ", read in Trainer.training_step (train() zeroes grads after each step)"
