@@ -163,13 +163,17 @@ def runs_round_trip(ctx: RunContext) -> bool:
     return ctx.cell.hyper.steps > SAVE_AFTER_STEP + 1 and ctx.cell.round_trip_of is None
 
 
+#: The phase a stack's save runs in (a Trainer saves from inside its own loop, before `save` is called).
+SAVE_PHASE = "resume: save"
+
+
 def save(ctx: RunContext, loop: Resumable, folder: Path, step: int) -> bool:
     """Save after `step` and record what the files hold (for adapters whose stack owns the loop, too).
 
     A save that raises fails the round trip, not the run: it is recorded, the ranks agree that it failed (one
     rank raising while its peers finished would otherwise leave them in different collectives), and the run
     goes on without a round trip (False), so its steps are judged as any cell's."""
-    ctx.probe.phase("resume: save")
+    ctx.probe.phase(SAVE_PHASE)
     try:
         loop.save(folder)
         ctx.probe.phase("resume: read the saved files")

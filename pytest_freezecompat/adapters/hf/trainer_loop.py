@@ -173,6 +173,8 @@ class _Probes(TrainerCallback):
     def on_step_end(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> Any:
         if self.saves and self.step - 1 == SAVE_AFTER_STEP:
             control.should_save = True  # the Trainer saves after this event (`_maybe_log_save_evaluate`)
+            # what raises from here on is the Trainer's save (the stack's), not our last read of the params
+            self.run.ctx.probe.phase(f"{loop.SAVE_PHASE} (Trainer._save_checkpoint)")
         return control
 
     def on_save(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
