@@ -178,12 +178,13 @@ def test_long_texts_keep_their_tail_and_say_where_the_rest_is():
     assert first["repro"] == cells[0]["repro"] and first["known_issue"] is None
 
 
-def test_the_published_report_renders_in_under_700_bytes_a_cell():
-    """Every release of every framework is in it (7749 cells: ~4.6 MB); what must hold is the cost of a cell."""
+def test_the_published_report_renders_in_under_750_bytes_a_cell():
+    """Every release of every framework is in it (12179 cells: ~8.5 MB); what must hold is the cost of a cell. (700
+    held to 11227 cells; the Hugging Face row's user models brought longer ids and per-rank emulation notes.)"""
     if not PUBLISHED.exists():
         pytest.skip(f"{PUBLISHED} is not in this checkout")
     report = json.loads(PUBLISHED.read_text(encoding="utf-8"))
-    assert len(html.render(report).encode()) < 700 * len(report["cells"])
+    assert len(html.render(report).encode()) < 750 * len(report["cells"])
 
 
 def test_each_framework_has_an_anchor_listed_in_the_table_of_contents():

@@ -165,7 +165,7 @@ class DeepSpeedView(ParamView):
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         grads: dict[str, torch.Tensor | None] = {}
         for name, param in self.named_parameters().items():  # the same order on every rank: collectives
-            grad = safe_get_full_grad(param)
+            grad = None if _outside_zero3_partitions(param) else safe_get_full_grad(param)
             shape = getattr(param, "ds_shape", param.shape)
             grads[name] = None if grad is None else grad.detach().float().reshape(shape).clone()
         return grads
@@ -181,6 +181,15 @@ class DeepSpeedView(ParamView):
                 value = safe_get_full_optimizer_state(param, key)
             out[name] = None if value is None else value.detach().float().clone()
         return out
+
+
+def _outside_zero3_partitions(param: torch.nn.Parameter) -> bool:
+    """A ZeRO-3 param that requires grad now but had no place in the optimizer's partitions when the engine was built
+    (unfrozen later): ZeRO-3 keeps no grad for it, and `safe_get_full_grad` (stage3.py `get_fp32_grad_for_param`,
+    which checks `requires_grad` alone) raises a KeyError looking it up in `grad_position`."""
+    optimizer = getattr(param, "_z3_optimizer", None)
+    return (param.grad is None and hasattr(param, "ds_id") and optimizer is not None and param.requires_grad
+            and optimizer.get_param_id(param) not in optimizer.grad_position)
 
 
 def _model_states_file(folder: Path) -> Path:
