@@ -3,6 +3,10 @@ grad for it (DeepSpeed's `safe_get_full_grad` would raise a KeyError looking it 
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("deepspeed")
+
 import torch
 
 from pytest_freezecompat.adapters.deepspeed_views import _outside_zero3_partitions
