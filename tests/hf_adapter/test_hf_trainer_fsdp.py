@@ -85,7 +85,7 @@ def test_the_trainers_fsdp1_full_state_dict_runs_behind_the_offload_patches(pool
     assert offload & set(records[0].emulated)
 
 
-@pytest.mark.parametrize("plugin", ["accelerate-ddp", "trainer-fsdp2"])
+@pytest.mark.parametrize("plugin", ["accelerate-ddp", "trainer-fsdp2", "accelerate-zero2"])
 def test_a_block_unfrozen_after_the_optimizer_never_moves_under_either_driver(pool: RankPool, plugin: str) -> None:
     verdict, records = run(pool, cell(plugin, "last-block-after-optimizer"))
     assert verdict.status == "fail" and verdict.check == "optimizer", verdict.message

@@ -21,7 +21,7 @@ from ..deepspeed_ops import missing
 from ..deepspeed_views import DeepSpeedView, Plugin, ds_config, keep_world_clone, saved_contents
 from ..loop import Saved, train
 from ..views import optimizer_params
-from . import ZERO_PLUGINS, state
+from . import ZERO_PLUGINS, staged, state
 from .accelerate_loop import AccelerateLoop
 from .emulation import OWNED_ENV
 from .environment_setup import OPS
@@ -102,12 +102,15 @@ class AccelerateZeroLoop(AccelerateLoop):
         model = ctx.build_model(device=ctx.device)
         plan = ctx.resolve_plan(model)
         apply_freeze(plan, model)
+        late = staged.late_params(ctx)
+        staged.hold(model, late)  # a staged unfreeze: frozen while the optimizer is built, as `AccelerateLoop` does
         ctx.probe.phase(f"Accelerator ({plugin})")
         self.accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(ctx, plugin)))
         keep_world_clone(ctx)
         ctx.probe.phase(f"accelerator.prepare ({plugin})")
         optimizer = ctx.make_optimizer(optimizer_params(model, plan.optimized))
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        staged.release(model, late)
         state.check(plugin, self.want_type, self.wrapper, self.accelerator, self.model, ctx.world_size)
         self.view = ZeroView(self.model, plugin)
         self.destroyed = False
