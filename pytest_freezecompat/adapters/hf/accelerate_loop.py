@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ... import models
+from ...core.freeze import FreezePlan
 from ..base import RunContext, apply_freeze, strip_wrapper_infixes
 from ..loop import Saved
 from ..saved_files import dcp_keys, load_file, state_names
@@ -67,6 +68,19 @@ def _unwrap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def user_model(ctx: RunContext) -> tuple[nn.Module, FreezePlan, tuple[str, ...]]:
+    """The user's script up to the optimizer: a fresh process (the shim's variables only, no shared Accelerate
+    state), the model built and frozen, a staged unfreeze's params held frozen until the optimizer is built."""
+    state.fresh(keep=OWNED_ENV if ctx.cell.emulation else ())
+    ctx.probe.phase("build model")
+    model = ctx.build_model(device=ctx.device)
+    plan = ctx.resolve_plan(model)
+    apply_freeze(plan, model)
+    late = staged.late_params(ctx)
+    staged.hold(model, late)
+    return model, plan, late
+
+
 class AccelerateLoop:
     """One `Accelerator`, its prepared model and optimizer: a `loop.Loop` and `loop.Resumable`."""
 
@@ -76,14 +90,7 @@ class AccelerateLoop:
     def __init__(self, ctx: RunContext, plugin: str) -> None:
         self.ctx, self.plugin = ctx, plugin
         version, orig_params, self.wrapper = PLUGINS[plugin]
-        # A fresh process as a user's script starts: the shim's variables only, no shared Accelerate state.
-        state.fresh(keep=OWNED_ENV if ctx.cell.emulation else ())
-        ctx.probe.phase("build model")
-        model = ctx.build_model(device=ctx.device)
-        plan = ctx.resolve_plan(model)
-        apply_freeze(plan, model)
-        late = staged.late_params(ctx)
-        staged.hold(model, late)
+        model, plan, late = user_model(ctx)
         ctx.probe.phase(f"Accelerator ({plugin})")
         if version is None:
             self.accelerator = Accelerator(cpu=ctx.device.type == "cpu")

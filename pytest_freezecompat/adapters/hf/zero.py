@@ -16,14 +16,13 @@ from typing import Any
 
 from accelerate import Accelerator, DeepSpeedPlugin
 
-from ..base import RunContext, apply_freeze
+from ..base import RunContext
 from ..deepspeed_ops import missing
 from ..deepspeed_views import DeepSpeedView, Plugin, ds_config, keep_world_clone, saved_contents
 from ..loop import Saved, train
 from ..views import optimizer_params
 from . import ZERO_PLUGINS, staged, state
-from .accelerate_loop import AccelerateLoop
-from .emulation import OWNED_ENV
+from .accelerate_loop import AccelerateLoop, user_model
 from .environment_setup import OPS
 
 #: The tag `accelerator.save_state` gives the first model's engine checkpoint (Accelerate's `MODEL_NAME`).
@@ -97,13 +96,7 @@ class AccelerateZeroLoop(AccelerateLoop):
     def __init__(self, ctx: RunContext, plugin: str) -> None:  # not AccelerateLoop's: it builds another stack
         self.ctx, self.plugin = ctx, plugin
         self.wrapper, self.want_type = WRAPPER, DISTRIBUTED_TYPE
-        state.fresh(keep=OWNED_ENV if ctx.cell.emulation else ())
-        ctx.probe.phase("build model")
-        model = ctx.build_model(device=ctx.device)
-        plan = ctx.resolve_plan(model)
-        apply_freeze(plan, model)
-        late = staged.late_params(ctx)
-        staged.hold(model, late)  # a staged unfreeze: frozen while the optimizer is built, as `AccelerateLoop` does
+        model, plan, late = user_model(ctx)
         ctx.probe.phase(f"Accelerator ({plugin})")
         self.accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(ctx, plugin)))
         keep_world_clone(ctx)
