@@ -8,6 +8,7 @@ under the user's loop and the Trainer alike.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,7 +86,9 @@ def test_the_trainers_fsdp1_full_state_dict_runs_behind_the_offload_patches(pool
     assert offload & set(records[0].emulated)
 
 
-@pytest.mark.parametrize("plugin", ["accelerate-ddp", "trainer-fsdp2", "accelerate-zero2"])
+@pytest.mark.parametrize("plugin", ["accelerate-ddp", "trainer-fsdp2", pytest.param(
+    "accelerate-zero2", marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                                 reason="DeepSpeed is not installed here"))])
 def test_a_block_unfrozen_after_the_optimizer_never_moves_under_either_driver(pool: RankPool, plugin: str) -> None:
     verdict, records = run(pool, cell(plugin, "last-block-after-optimizer"))
     assert verdict.status == "fail" and verdict.check == "optimizer", verdict.message
