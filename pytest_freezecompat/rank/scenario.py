@@ -228,12 +228,12 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
 
     # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains.
     model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
-    reads = (model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows), cell.hyper,
-             initial, batches)
+    reads = reference.digest(model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows),
+                             cell.hyper, initial, batches)  # once: the values' bytes are hashed for every variant
 
     def facts(compute_dtype: torch.dtype | None = None, resumed_after: int | None = None,
               convention: str = CANONICAL_LOOP) -> list[StepFacts]:
-        key = reference.digest(*reads, compute_dtype, resumed_after, convention)
+        key = reference.digest(reads, compute_dtype, resumed_after, convention)
         return _REFERENCES.get(key, lambda: _facts(reference.run(
             cell, plan, initial, batches, *bare(), compute_dtype=compute_dtype, resumed_after=resumed_after,
             convention=convention)))
