@@ -11,11 +11,14 @@ there before DeepSpeed is imported (`use_environment_cache`). DeepSpeed is impor
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+import torch
 
 #: The op builders the matrix's cells load: the shared-memory comm op (`init_distributed` on a CPU accelerator),
 #: FusedAdam (an optimizer from the config), CPU Adam (optimizer offload). Each accelerator has its own builder
@@ -90,3 +93,43 @@ def remember_cpu_info() -> None:
     for name, module in list(sys.modules.items()):
         if name.startswith("deepspeed") and getattr(module, "get_cpu_info", None) is asked:
             module.get_cpu_info = get_cpu_info  # type: ignore[attr-defined]
+
+
+def summarize_stage_3_arguments() -> None:
+    """ZeRO-3's optimizer formats its constructor's arguments into a debug message that it then drops
+    (`DeepSpeedZeroOptimizer_Stage3.__init__`: `print_rank_0(f"... with args: {locals()}", force=False)`), and
+    `param_names` prints every param's values, not yet partitioned when the model was built eagerly: ~40 ms of
+    every such engine for tiny-gpt, 7% of the ranks' CPU in ZeRO-3 cells. Inside that constructor a tensor's repr
+    shows an element at each end only; what it builds is unchanged."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    construct = Stage3.__init__
+    if getattr(construct, "summarized", False):
+        return
+
+    @functools.wraps(construct)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        options = torch._tensor_str.PRINT_OPTS
+        threshold, edgeitems = options.threshold, options.edgeitems
+        torch.set_printoptions(threshold=0, edgeitems=1)
+        try:
+            construct(self, *args, **kwargs)
+        finally:
+            torch.set_printoptions(threshold=threshold, edgeitems=edgeitems)
+
+    __init__.summarized = True  # type: ignore[attr-defined]
+    Stage3.__init__ = __init__
+
+
+def warm_up(names: tuple[str, ...] = OPS) -> None:
+    """Once in each rank template (a fork then has it all): ask py-cpuinfo, summarize ZeRO-3's dropped debug
+    message, load the environment's built ops of `names` (never builds), and make the import every engine's first
+    optimizer check makes: 0.19.8's `is_zero_supported_optimizer` imports its Muon optimizer on first call, whose
+    `torch.compile` decorator loads inductor (~1 s of every fresh rank's first cell)."""
+    if missing(names):
+        return  # the cell says so, in one line
+    remember_cpu_info()  # first: each op's load asks twice (its compile flags)
+    summarize_stage_3_arguments()
+    load_all(names=names)
+    with contextlib.suppress(ImportError):  # 0.19.2 imports it with deepspeed itself
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401

@@ -135,8 +135,8 @@ def test_zero_3s_dropped_debug_message_summarizes_tensors_while_it_constructs(mo
             raise ValueError("refused")
 
     monkeypatch.setattr(Stage3, "__init__", construct)  # the wrapper wraps this; the original comes back after
-    ds.summarize_stage_3_arguments()
-    ds.summarize_stage_3_arguments()  # once per process: not wrapped twice
+    ops.summarize_stage_3_arguments()
+    ops.summarize_stage_3_arguments()  # once per process: not wrapped twice
     before = repr(torch.arange(5000.0))
     Stage3.__init__(object.__new__(Stage3), torch.arange(5000.0))
     with pytest.raises(ValueError, match="refused"):

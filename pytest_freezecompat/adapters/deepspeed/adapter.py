@@ -11,13 +11,13 @@ stage 3). The round trip is `engine.save_checkpoint` / a fresh engine's `engine.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import deepspeed_ops
 from ..deepspeed_ops import missing, use_environment_cache
 
 use_environment_cache()  # before DeepSpeed is imported: its ops load from the environment's cache
@@ -257,43 +257,6 @@ class DeepSpeedAdapter(AdapterBase):
         return _Loop(ctx, engine, plugin, DeepSpeedView(engine, plugin), exclude)
 
 
-def summarize_stage_3_arguments() -> None:
-    """ZeRO-3's optimizer formats its constructor's arguments into a debug message that it then drops
-    (`DeepSpeedZeroOptimizer_Stage3.__init__`: `print_rank_0(f"... with args: {locals()}", force=False)`), and
-    `param_names` prints every param's values, not yet partitioned when the model was built eagerly: ~40 ms of
-    every such engine for tiny-gpt, 7% of the ranks' CPU in ZeRO-3 cells. Inside that constructor a tensor's repr
-    shows an element at each end only; what it builds is unchanged."""
-    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
-
-    construct = Stage3.__init__
-    if getattr(construct, "summarized", False):
-        return
-
-    @functools.wraps(construct)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        options = torch._tensor_str.PRINT_OPTS
-        threshold, edgeitems = options.threshold, options.edgeitems
-        torch.set_printoptions(threshold=0, edgeitems=1)
-        try:
-            construct(self, *args, **kwargs)
-        finally:
-            torch.set_printoptions(threshold=threshold, edgeitems=edgeitems)
-
-    __init__.summarized = True  # type: ignore[attr-defined]
-    Stage3.__init__ = __init__
-
-
 def warm_up() -> None:
-    """Once in each rank template (a fork then has it all): ask py-cpuinfo, summarize ZeRO-3's dropped debug
-    message, load the environment's built ops (never builds), and make the import every engine's first optimizer
-    check makes: 0.19.8's `is_zero_supported_optimizer` imports its Muon optimizer on first call, whose
-    `torch.compile` decorator loads inductor (~1 s of every fresh rank's first cell)."""
-    if missing():
-        return  # the cell says so, in one line
-    from ..deepspeed_ops import load_all, remember_cpu_info
-
-    remember_cpu_info()  # first: each op's load asks twice (its compile flags)
-    summarize_stage_3_arguments()
-    load_all()
-    with contextlib.suppress(ImportError):  # 0.19.2 imports it with deepspeed itself
-        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    """Once in each rank template (a fork then has it all): DeepSpeed's first uses (`deepspeed_ops.warm_up`)."""
+    deepspeed_ops.warm_up()

@@ -91,7 +91,7 @@ class AccelerateLoop:
         self.ctx, self.plugin = ctx, plugin
         version, orig_params, self.wrapper = PLUGINS[plugin]
         model, plan, late = user_model(ctx)
-        ctx.probe.phase(f"Accelerator ({plugin})")
+        ctx.probe.phase(f"wrap (Accelerator, {plugin})")
         if version is None:
             self.accelerator = Accelerator(cpu=ctx.device.type == "cpu")
             self.want_type = "MULTI_CPU" if ctx.device.type == "cpu" else "MULTI_GPU"
@@ -101,7 +101,7 @@ class AccelerateLoop:
                 version, orig_params, blocks, full_state_dict=plugin.endswith(FULL_STATE_DICT_SUFFIX),
                 peft_model=model if hasattr(model, "peft_config") else None))
             self.want_type = "FSDP"
-        ctx.probe.phase(f"accelerator.prepare ({plugin})")
+        ctx.probe.phase(f"wrap (accelerator.prepare, {plugin})")
         if version == 1:
             # Accelerate's FSDP1 recipe: prepare the model first, then build the optimizer over the wrapped params
             # (prepared together with flat params, the optimizer kept the params FSDP1 had flattened away: 1.15.0).

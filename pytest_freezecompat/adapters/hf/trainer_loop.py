@@ -198,7 +198,7 @@ class TrainerRun:
         apply_freeze(self.plan, model)
         self.bare, self.late = model, staged.late_params(ctx)
         staged.hold(model, self.late)
-        ctx.probe.phase(f"Trainer ({plugin})")
+        ctx.probe.phase(f"wrap (Trainer, {plugin})")
         hyper = ctx.cell.hyper
         self.version, self.wrapper = TRAINER_PLUGINS[plugin]
         fsdp: dict[str, Any] = {}
@@ -218,7 +218,7 @@ class TrainerRun:
             os.environ["FSDP_VERSION"] = str(self.version)
             os.environ["FSDP_STATE_DICT_TYPE"] = STATE_DICT_TYPES[plugin]
         if self.wrapper == "deepspeed":
-            from . import zero  # DeepSpeed's import is the ZeRO cells' cost alone
+            from . import zero  # only where DeepSpeed is installed (the template has it)
 
             fsdp = {"deepspeed": zero.config(ctx, plugin)}
         args = TrainingArguments(

@@ -97,10 +97,10 @@ class AccelerateZeroLoop(AccelerateLoop):
         self.ctx, self.plugin = ctx, plugin
         self.wrapper, self.want_type = WRAPPER, DISTRIBUTED_TYPE
         model, plan, late = user_model(ctx)
-        ctx.probe.phase(f"Accelerator ({plugin})")
+        ctx.probe.phase(f"wrap (Accelerator, {plugin})")
         self.accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config(ctx, plugin)))
         keep_world_clone(ctx)
-        ctx.probe.phase(f"accelerator.prepare ({plugin})")
+        ctx.probe.phase(f"wrap (accelerator.prepare, {plugin})")
         optimizer = ctx.make_optimizer(optimizer_params(model, plan.optimized))
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         staged.release(model, late)
