@@ -8,6 +8,7 @@ one-process group, and that `state.fresh` prevents it and `state.check` refuses 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from types import SimpleNamespace
 from typing import Any
@@ -91,3 +92,22 @@ def test_the_trap_is_real_and_fresh_state_and_the_check_catch_it() -> None:
             state.check("accelerate-ddp", "MULTI_GPU", "Linear", trapped, nn.Linear(2, 2), 1)
         state.fresh(keep=emulation.OWNED_ENV)
         assert str(Accelerator().distributed_type).endswith("MULTI_GPU")
+
+
+def test_the_rank_template_can_hold_the_trainer_and_deepspeed_and_still_fork() -> None:
+    """The adapter's `warm_up` imports what a fresh rank's Trainer and ZeRO cells would import (seconds each): in
+    the template's environment (one thread each for OpenMP and torch) it must leave a single thread, or the pool
+    cannot fork ranks from it."""
+    import subprocess
+    import sys
+
+    script = ("import os, sys, torch; torch.set_num_threads(1)\n"
+              "from pytest_freezecompat.adapters.hf import adapter\n"
+              "adapter.warm_up()\n"
+              "print(len(os.listdir('/proc/self/task')), 'transformers.trainer' in sys.modules, "
+              "'deepspeed' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    threads, trainer, deepspeed = done.stdout.split()[-3:]
+    assert (threads, trainer) == ("1", "True")
+    assert deepspeed == str(importlib.util.find_spec("deepspeed") is not None)
