@@ -110,9 +110,10 @@ CCACHE = ENVIRONMENTS / ".ccache"
 
 
 def compiler_cache(log: IO[str]) -> dict[str, str]:
-    """The variables a setup module's compiles run with: ccache in front of `c++` (torch's JIT extensions take
-    `CXX`), installed on first use into `.nox/.ccache`; none where the user set `CXX` or ccache cannot be had (the
-    ops then compile as before)."""
+    """The variables a setup module's compiles run with: ccache in front of `c++` on PATH (a link named `c++`;
+    ccache then runs the next `c++` on PATH), installed on first use into `.nox/.ccache`; none where the user set
+    `CXX` or ccache cannot be had (the ops then compile as before). Not `CXX`: torch writes the compiler into each
+    op's build.ninja, and a cell's load (plain `c++`) would see another command and compile the op again."""
     if os.environ.get("CXX"):
         return {}
     compiler = CCACHE / "compilers" / "c++"  # a link named like the compiler: ccache runs the next c++ on PATH
@@ -130,8 +131,8 @@ def compiler_cache(log: IO[str]) -> dict[str, str]:
         compiler.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):  # another nox made it meanwhile
             compiler.symlink_to(binary)
-    return {"CXX": str(compiler), "CCACHE_DIR": str(CCACHE / "store"), "CCACHE_BASEDIR": str(ENVIRONMENTS),
-            "CCACHE_NOHASHDIR": "1"}
+    return {"PATH": f"{compiler.parent}{os.pathsep}{os.environ.get('PATH', '')}", "CCACHE_DIR": str(CCACHE / "store"),
+            "CCACHE_BASEDIR": str(ENVIRONMENTS), "CCACHE_NOHASHDIR": "1"}
 
 
 class BuildError(RuntimeError):
