@@ -32,12 +32,11 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 
 from ... import models
 from .. import loop
-from ..base import Batch, RunContext, apply_freeze
+from ..base import Batch, RunContext
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
 from ..views import DTensorView, FSDP1View, ParamView, settle_groups
 from . import ZERO_PLUGINS, staged, state
-from .accelerate_loop import saved_contents
-from .emulation import OWNED_ENV
+from .accelerate_loop import saved_contents, user_model
 
 #: plugin -> (the FSDP version or None for DDP, the wrapper `state.wrapper_kind` must see). DDP runs with
 #: `use_cpu=True` on CPU; FSDP through `TrainingArguments(fsdp=..., fsdp_config=...)`, behind the shim on CPU.
@@ -191,13 +190,9 @@ class TrainerRun:
         self.ctx, self.plugin, self.folder = ctx, plugin, folder
         self.clips = ctx.cell.hyper.clips
         self.tap = _NormTap()
-        state.fresh(keep=OWNED_ENV if ctx.cell.emulation else ())  # TrainingArguments writes ACCELERATE_* too
-        ctx.probe.phase("build model")
-        model = ctx.build_model(device=ctx.device)
-        self.plan = ctx.resolve_plan(model)
-        apply_freeze(self.plan, model)
-        self.bare, self.late = model, staged.late_params(ctx)
-        staged.hold(model, self.late)
+        # a fresh process (TrainingArguments writes ACCELERATE_* too), the model built and frozen, a late unfreeze held
+        model, self.plan, self.late = user_model(ctx)
+        self.bare = model
         ctx.probe.phase(f"wrap (Trainer, {plugin})")
         hyper = ctx.cell.hyper
         self.version, self.wrapper = TRAINER_PLUGINS[plugin]
