@@ -10,7 +10,7 @@ import pytest
 from conftest import TESTS
 
 from pytest_freezecompat.controller.pool import PoolError, RankPool, refused_alike
-from pytest_freezecompat.core.messages import RENDEZVOUS_PHASE, RunCell
+from pytest_freezecompat.core.messages import GPU_VISIBLE, RENDEZVOUS_PHASE, RunCell
 from pytest_freezecompat.core.records import Outcome, RankError, RankRecord
 
 
@@ -38,10 +38,42 @@ def test_an_adapter_modules_warm_up_runs_once_per_template_not_per_fork(tmp_path
 def test_a_template_left_with_a_thread_refuses_to_fork() -> None:
     pool = RankPool(2, ["template_probes.starts_a_thread"])
     try:
-        with pytest.raises(PoolError, match=r"rank 0 failed to start \(runs 2 threads after its imports; it cannot "
-                                            r"fork ranks safely\)"):
+        with pytest.raises(PoolError, match=r"rank 0 failed to start \(runs 2 threads after its imports \([^)]+\); "
+                                            r"it cannot fork ranks safely\)"):
             pool.start()
         assert not pool._templates and not pool._procs
+    finally:
+        pool.shutdown()
+    assert not os.path.exists(pool._workdir)
+
+
+@pytest.mark.parametrize("gpu_visible", ["0", "1"])
+def test_a_template_takes_no_backward_where_the_controller_sees_a_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                                       gpu_visible: str) -> None:
+    """A backward starts autograd's thread for each GPU (and CUDA's), which no fork copies: on an H200 every
+    template was refused ("runs 3 threads after its imports") until the warm-up left backward to the ranks."""
+    import torch
+
+    from pytest_freezecompat.rank import template
+
+    def no_backward(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the template took a backward")
+
+    monkeypatch.setattr(torch.autograd, "backward", no_backward)
+    monkeypatch.setenv(GPU_VISIBLE, gpu_visible)
+    if gpu_visible == "1":
+        template._warm_up()
+    else:
+        with pytest.raises(AssertionError, match="took a backward"):
+            template._warm_up()
+
+
+def test_the_pool_tells_its_templates_whether_the_controller_sees_a_gpu() -> None:
+    import torch
+
+    pool = RankPool(2, [])
+    try:
+        assert pool._environment()[GPU_VISIBLE] == ("1" if torch.cuda.is_available() else "0")
     finally:
         pool.shutdown()
     assert not os.path.exists(pool._workdir)

@@ -57,6 +57,19 @@ def test_a_load_that_leaves_one_param_behind_is_caught_as_resume(pool: RankPool,
     assert "after load, values differ from what was saved: head.weight" in verdict.message
 
 
+def test_a_round_trip_that_raises_leaves_its_folder_to_the_next_cell(pool: RankPool) -> None:
+    """A load that raises on rank 0 keeps the cell's folder (a peer may still be reading it: it must meet its own
+    failure, not a missing file) without rank 0 waiting for anyone; rank 0's next cell removes it."""
+    before = folders(pool)
+    c = cell("fsdp2", "unused-branch")  # the sharded optimizer load raises on both ranks (torch-fsdp2-...)
+    verdict = checks.judge(pool.run(c, TIMEOUT_S), c, TIMEOUT_S)
+    assert (verdict.status, verdict.check) == ("fail", "resume") and "resume: load" in verdict.message
+    assert len(folders(pool) - before) == 1
+    assert checks.judge(pool.run(cell("ddp", "embedding"), TIMEOUT_S), cell("ddp", "embedding"), TIMEOUT_S
+                        ).status == "pass"
+    assert folders(pool) == before
+
+
 def test_a_sharded_load_restores_each_ranks_own_shard(pool: RankPool) -> None:
     """FSDP2 shards every param by rows across the two ranks: rank 1's rows of a trained weight differ from
     rank 0's, so a load that gave every rank rank 0's shard (or none) would show in the gathered values."""

@@ -232,6 +232,29 @@ def test_round_trip_classes_group_cells_that_take_one_save_and_load_path(tmp_pat
                                                   for freeze in ("none", "embedding")])
 
 
+def test_a_rule_keeps_the_round_trip_of_the_cells_it_picks_out_of_their_class(tmp_path):
+    from pytest_freezecompat.spec.plan import Selection, plan
+
+    text = GOOD.replace('checkpoint = ["none"]', 'checkpoint = ["none", "reentrant", "non-reentrant"]')
+    text += ('[frameworks.torch.round_trip]\ncheckpoint = [["none", "non-reentrant", "reentrant"]]\n'
+             '[[frameworks.torch.rule]]\nwhen = {checkpoint = "reentrant", freeze = "embedding"}\n'
+             'own_round_trip = "its resumed step raises"\n')
+    cells = plan(spec.load(write(tmp_path, text)), Selection({}), world_size=2, device="cpu",
+                 importable=lambda module: None)
+    groups = {}
+    for c in cells:
+        groups.setdefault(c.round_trip, set()).add((c.key.checkpoint, c.key.freeze))
+    assert sorted(map(sorted, groups.values())) == sorted([
+        sorted({("none", "none"), ("non-reentrant", "none"), ("reentrant", "none")}),
+        sorted({("none", "embedding"), ("non-reentrant", "embedding")}), [("reentrant", "embedding")]])
+
+
+def test_an_empty_own_round_trip_reason_is_one_line(tmp_path):
+    path = write(tmp_path, GOOD + '[[frameworks.torch.rule]]\nwhen = {freeze = "embedding"}\nown_round_trip = " "\n')
+    with pytest.raises(spec.SpecError, match=rf"^{path}:\d+: torch rule 1: own_round_trip is the reason, a non-empty "):
+        spec.load(path)
+
+
 @pytest.mark.parametrize(("table", "message"), [
     ('plugin = [["ddp", "ddp"]]', r"round_trip.plugin: only init, checkpoint, clip may share a round trip"),
     ('checkpoint = [["none", "full"]]', r"round_trip.checkpoint: 'full' is not one of its checkpoint values"),

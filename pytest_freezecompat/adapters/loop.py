@@ -206,20 +206,31 @@ def load(ctx: RunContext, fresh: Resumable, folder: Path) -> None:
 
 #: Where the round trip's folders go; a folder per cell, removed when the cell ends.
 FOLDER_PREFIX = "freezecompat-resume-"
+#: Folders of cells that raised on rank 0: a peer may still be reading one (or waiting in a collective before it
+#: reads), so rank 0 removes them when its next cell starts, when every rank of the cell that raised has reported
+#: or been replaced. A rank 0 that is replaced first leaves them in its TMPDIR, which the pool removes.
+_LEFT_FOR_PEERS: list[Path] = []
 
 
 @contextmanager
 def shared_folder(ctx: RunContext) -> Iterator[Path]:
     """A fresh folder for one cell's saved files that every rank names alike (rank 0 makes it and tells the
-    others; a collective). Rank 0 removes it when the cell ends, however it ends. On several hosts it must be
-    on a shared file system: set TMPDIR there."""
+    others; a collective). Rank 0 removes it when the cell ends: at once when the cell ran through, and at the start
+    of its next cell when it raised, so that a slower peer meets its own failure, not a missing file. On several
+    hosts it must be on a shared file system: set TMPDIR there."""
+    if ctx.rank == 0:
+        while _LEFT_FOR_PEERS:
+            shutil.rmtree(_LEFT_FOR_PEERS.pop(), ignore_errors=True)
     made = tempfile.mkdtemp(prefix=FOLDER_PREFIX) if ctx.rank == 0 else ""
     folder = Path(_every_rank(ctx, made)[0])
     try:
         yield folder
-    finally:
+    except BaseException:
         if ctx.rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
+            _LEFT_FOR_PEERS.append(folder)
+        raise
+    if ctx.rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager

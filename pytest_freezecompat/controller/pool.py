@@ -31,7 +31,18 @@ from typing import Any
 
 from ..core.board import PhaseBoard
 from ..core.cell import Cell
-from ..core.messages import CONTROLLER_PID, RENDEZVOUS_PHASE, Fork, KeepGroup, Left, Ready, Reply, RunCell, Stop
+from ..core.messages import (
+    CONTROLLER_PID,
+    GPU_VISIBLE,
+    RENDEZVOUS_PHASE,
+    Fork,
+    KeepGroup,
+    Left,
+    Ready,
+    Reply,
+    RunCell,
+    Stop,
+)
 from ..core.names import short_paths
 from ..core.records import WAITING_PHASE, CellRun, Outcome, RankRecord, RankState
 from .templates import ForkedRank, Template, TemplateError, describe_exit
@@ -62,6 +73,13 @@ TIDY_TIMEOUT_S = 20.0
 LOG_TAIL_LINES = 25
 #: A SIGKILLed rank is reaped by its template within milliseconds; past this we go on without its exit code.
 KILL_WAIT_S = 5.0
+
+
+def _gpu_visible() -> bool:
+    """Asked here, in the controller: in a template even NVML's device count starts a driver thread."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class PoolError(RuntimeError):
@@ -160,6 +178,7 @@ class RankPool:
                 # Inductor's compile-worker pool (a subprocess and a reader thread, started by some imports)
                 # would make the template unsafe to fork; the matrix compiles nothing.
                 "TORCHINDUCTOR_COMPILE_THREADS": "1",
+                GPU_VISIBLE: "1" if _gpu_visible() else "0",
                 "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_USE_AGENT_STORE": "True",
                 "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size), "NODE_RANK": "0",
                 "GROUP_RANK": "0", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),

@@ -17,6 +17,8 @@ from .records import RankRecord
 
 #: The environment variable that gives a rank its controller's pid (a rank ends itself when that parent is gone).
 CONTROLLER_PID = "FREEZECOMPAT_CONTROLLER_PID"
+#: "1" where the controller sees a GPU: a template then takes no backward (`rank.template._warm_up`).
+GPU_VISIBLE = "FREEZECOMPAT_GPU_VISIBLE"
 #: The phase a rank reports while it joins the cell's fresh process group (the harness, not the framework).
 RENDEZVOUS_PHASE = "init process group"
 
@@ -26,6 +28,8 @@ class TemplateReady:
     threads: int  # the template's threads after its imports: a fork copies only the calling one
     #: The user module whose import left a thread running (the template then forks nothing), or None.
     threads_from: str | None = None
+    #: The other threads' names (Linux's `comm`), for the one line that refuses the template.
+    thread_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,14 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle
 from pathlib import Path
 from typing import NoReturn
 
-from ..core.messages import CONTROLLER_PID, Exited, Fork, Forked, Stop, TemplateReady
+from ..core.messages import CONTROLLER_PID, GPU_VISIBLE, Exited, Fork, Forked, Stop, TemplateReady
 
 #: How often the template checks that its controller is still its parent.
 WATCHDOG_S = 0.5
@@ -38,13 +39,17 @@ WATCHDOG_S = 0.5
 def _warm_up() -> None:
     """Do once what every fresh rank would do first and slowly: a meta-device init goes through torch._refs
     and loads dynamo (~0.4 s in each new process); checkpointed forward/backward, AdamW and clipping have
-    first-use costs of their own. On the CPU only, with no process group: nothing here may be shared state."""
+    first-use costs of their own. On the CPU only, with no process group: nothing here may be shared state.
+    Where a GPU is visible, no backward: the first one starts autograd's thread for each device (and CUDA's own),
+    which a fork does not copy, and a forked rank's backward then refuses to run (PyTorch's "Autograd and Fork")."""
     import torch
 
     from .. import models
     from .reference import tiny_loss
 
     models.build("tiny-gpt", seed=0, lora=True, vision=True, device="meta", initialize=False).to_empty(device="cpu")
+    if os.environ.get(GPU_VISIBLE) == "1":  # asked in the controller: here even NVML would start a thread
+        return
     for mode in models.CHECKPOINT_MODES:
         model = models.build("tiny-gpt", seed=0, lora=True)
         models.apply_checkpointing(model, mode)
@@ -54,8 +59,27 @@ def _warm_up() -> None:
         optimizer.step()
 
 
+#: Threads a fork may leave behind: jemalloc's background thread (some wheels' allocator, seen on a GPU machine's
+#: image) is stopped and its state reset in the child by jemalloc's own fork handler
+#: (`background_thread_postfork_child`), so a rank forked beside it starts clean.
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+
+
+def _other_thread_names() -> tuple[str, ...]:
+    """The names of this process's threads but the calling one and those a fork may leave (`FORK_SAFE_THREADS`)."""
+    me = str(threading.get_native_id())
+    tasks = Path("/proc/self/task")
+    names = []
+    for task in sorted(tasks.iterdir()) if tasks.is_dir() else ():
+        if task.name != me:
+            with contextlib.suppress(OSError):
+                names.append((task / "comm").read_text().strip())
+    return tuple(name for name in names if name not in FORK_SAFE_THREADS)
+
+
 def _threads() -> int:
-    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    """This process's threads that a fork would lose, the calling one included."""
+    return 1 + len(_other_thread_names())
 
 
 def _become_rank(request: Fork, rank_fd: int, closing: list[int]) -> NoReturn:
@@ -142,7 +166,7 @@ def serve(conn: Connection, preload: list[str], user_modules: list[str]) -> NoRe
     # (each cell's tidy, and the automatic ones) scans only what a cell made. With a framework imported
     # one took ~0.1-0.35 s, most of a warm cell's time. Frozen before the fork, it stays shared too.
     gc.freeze()
-    conn.send(TemplateReady(_threads(), threads_from))
+    conn.send(TemplateReady(_threads(), threads_from, _other_thread_names()))
 
     controller = int(os.environ[CONTROLLER_PID])
     wake_read, wake_write = os.pipe()

@@ -33,7 +33,8 @@ else:  # pragma: no cover - Python 3.10
 
 SCHEMA = 1
 DEVICES = ("cpu", "cuda")
-RULE_EFFECTS = ("skip", "exclude", "emulation", "precision", "options", "known_issue")
+#: `own_round_trip`: why the cells a rule picks keep a round trip of their own where `[round_trip]` would share one.
+RULE_EFFECTS = ("skip", "exclude", "emulation", "precision", "options", "known_issue", "own_round_trip")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ROOT_KEYS = {"schema", "models", "freeze", "frameworks"}
 #: How alike (difflib ratio) an unknown model or pattern name and a matrix one must be for the name to be refused
@@ -359,6 +360,9 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
         raise src.error(f"{fw} rule {index + 1}: `emulation = true`, but the adapter declares no shim", "emulation")
     if "precision" in effects and effects["precision"] not in PRECISIONS:
         raise src.error(f"{fw} rule {index + 1}: precision must be one of {', '.join(PRECISIONS)}", "precision")
+    if "own_round_trip" in effects and not (isinstance(effects["own_round_trip"], str)
+                                            and effects["own_round_trip"].strip()):
+        raise src.error(f"{fw} rule {index + 1}: own_round_trip is the reason, a non-empty string", "own_round_trip")
     return Rule(when, device, effects, where)
 
 

@@ -20,7 +20,6 @@ The round trip saves through the Trainer's own checkpointing (the callback asks 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,10 +54,6 @@ STATE_DICT_TYPES = {"trainer-fsdp2": "SHARDED_STATE_DICT", "trainer-fsdp2-full-s
 FSDP_ARGS = "full_shard auto_wrap"
 #: A model with no block class to wrap (a user's model) is one FSDP unit: no auto wrap.
 FSDP_ONE_UNIT = "full_shard"
-#: How long rank 0, its resume raised, waits for its peers' failures before leaving the shared folder.
-PEER_WAIT_S = 5
-#: The marker a rank whose resume raised leaves in the shared folder (`_wait_for_peers_to_fail`).
-RESUME_FAILED = "resume-failed-rank"
 #: The adapter file `PeftModel.save_pretrained` writes (the Trainer's save of a peft model under DDP).
 ADAPTER_FILES = "adapter_model*.safetensors"
 #: The Trainer's checkpoint folder name (`PREFIX_CHECKPOINT_DIR`-`global_step`), spelled out: the resume loads it.
@@ -308,18 +303,6 @@ class TrainerRun:
         raise NotImplementedError("the Trainer loads inside train(resume_from_checkpoint=...): see `run`")
 
 
-def _wait_for_peers_to_fail(ctx: RunContext, folder: Path) -> None:
-    """A rank whose resume raised says so in the shared folder; rank 0, which removes the folder when it leaves,
-    first waits (at most `PEER_WAIT_S`) for every rank to say so: a slower rank meets its own failure, not a missing
-    file. No collective: a peer that went on (or waits in one) only delays rank 0 by the bound."""
-    (folder / f"{RESUME_FAILED}{ctx.rank}").touch()
-    deadline = time.monotonic() + PEER_WAIT_S
-    while ctx.rank == 0 and time.monotonic() < deadline:
-        if all((folder / f"{RESUME_FAILED}{rank}").exists() for rank in range(ctx.world_size)):
-            return
-        time.sleep(0.05)
-
-
 def run(ctx: RunContext, plugin: str, emulation: Callable[[], Any]) -> None:
     """Train, save after step `SAVE_AFTER_STEP` where the cell runs the round trip, and resume in a fresh Trainer.
     The Trainer saves inside `train()`: a save that raises ends the cell (an error), not only its round trip."""
@@ -338,9 +321,5 @@ def run(ctx: RunContext, plugin: str, emulation: Callable[[], Any]) -> None:
         ctx.probe.phase("resume: rebuild")
         fresh = TrainerRun(ctx, plugin, folder, first_step=SAVE_AFTER_STEP + 1)
         ctx.probe.phase("resume: load")
-        try:
-            fresh.trainer.train(resume_from_checkpoint=str(checkpoint))
-        except Exception:
-            _wait_for_peers_to_fail(ctx, folder)
-            raise
+        fresh.trainer.train(resume_from_checkpoint=str(checkpoint))
         fresh.close()
