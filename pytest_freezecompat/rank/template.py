@@ -60,8 +60,8 @@ def _warm_up() -> None:
 
 
 #: Threads a fork may leave behind: jemalloc's background thread (some wheels' allocator, seen on a GPU machine's
-#: image) is stopped and its state reset in the child by jemalloc's own fork handler
-#: (`background_thread_postfork_child`), so a rank forked beside it starts clean.
+#: image) is stopped and its state reset in the child by jemalloc's own fork handler (src/background_thread.c,
+#: `background_thread_postfork_child`: "reset to disabled for child"), so a rank forked beside it starts clean.
 FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
 
 
