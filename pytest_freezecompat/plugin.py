@@ -201,6 +201,7 @@ class MatrixSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self._previous_sigterm: Any = None
+        self._session_started = False
         self._run: MatrixRun | None = None
         self._report_line = ""
         self._report_paths: list[Path] = []
@@ -212,12 +213,24 @@ class MatrixSession:
 
     def _begin(self) -> MatrixRun:
         self._run = _start_run(self.config, self.options)
+        if self._session_started:
+            self._take_sigterm()
+        return self._run
+
+    def _take_sigterm(self) -> None:
+        """SIGTERM stops the run as Ctrl-C does, its report written. Only from the session's start: before it, other
+        plugins are still importing (a SIGTERM there escaped pytest as a traceback, seen on a GPU machine whose
+        hypothesis plugin loads for seconds), no cell has run and no rank exists, so the default death loses nothing."""
         if self._previous_sigterm is None:
             try:
                 self._previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
             except ValueError:  # not the main thread (pytest embedded somewhere): the caller's handlers stay
                 pass
-        return self._run
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self._session_started = True
+        if self._run is not None:
+            self._take_sigterm()
 
     @property
     def _matrix_on(self) -> bool:

@@ -183,6 +183,18 @@ def test_sigterm_and_ctrl_c_keep_every_finished_cell_and_leave_nothing(tmp_path,
     assert not matrix.leftovers()
 
 
+def test_sigterm_while_plugins_still_configure_ends_pytest_without_a_traceback(tmp_path):
+    """Before the session starts no cell has run and no rank exists: SIGTERM's default death loses nothing. Our handler,
+    taken that early, raised inside other plugins' imports: on a GPU machine (pytest 9.1.1, a plugin importing
+    hypothesis) that escaped pytest as a traceback wall."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "sigterm_while_configuring", "-p", "no:cacheprovider",
+                           "--freeze-matrix", FAULTS, f"--freeze-matrix-report={tmp_path / 'report'}"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_sigkill_of_pytest_ends_its_ranks_and_the_next_run_keeps_its_cells(tmp_path):
     matrix = MatrixProcess(tmp_path, FAULTS, "--freeze-matrix-select=plugin=ok,plugin=hang",
                            "--freeze-matrix-timeout=300")
