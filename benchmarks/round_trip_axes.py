@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_freezecompat.core.cell import CellKey
 from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec.plan import _matches
+from pytest_freezecompat.spec.plan import rule_matches
 
 AXES = ("model", "framework", "release", "plugin", "init", "checkpoint", "freeze", "clip")
 
@@ -54,7 +54,7 @@ def kept_apart(cells: list[dict[str, Any]], frameworks: dict[str, spec.Framework
     for cell in cells:
         fw = frameworks.get(cell["framework"])
         key = CellKey(**{a: cell[a] for a in AXES})
-        if fw and any("own_round_trip" in r.effects and _matches(r, key, cell.get("device") or "cpu")
+        if fw and any("own_round_trip" in r.effects and rule_matches(r, key, cell.get("device") or "cpu")
                       for r in fw.rules):
             apart.add(cell["id"])
     return apart

@@ -68,8 +68,9 @@ class Template:
         if not isinstance(message, TemplateReady):
             raise TemplateError(f"sent {type(message).__name__} before it was ready")
         if message.threads > 1 and message.threads_from is None:  # a fork copies only the calling thread
-            names = f" ({', '.join(message.thread_names)})" if message.thread_names else ""
-            raise TemplateError(f"runs {message.threads} threads after its imports{names}; it cannot fork ranks safely")
+            names = ", ".join(message.other_threads)
+            raise TemplateError(f"runs {message.threads} threads after its imports ({names}); "
+                                "it cannot fork ranks safely")
         return message
 
     def _take(self, message: object) -> object:

@@ -25,11 +25,15 @@ RENDEZVOUS_PHASE = "init process group"
 
 @dataclass(frozen=True)
 class TemplateReady:
-    threads: int  # the template's threads after its imports: a fork copies only the calling one
+    #: The names (Linux's `comm`) of the template's threads after its imports, but the one that forks: a fork copies
+    #: only that one, so any other refuses the template (and names itself in the one line that says so).
+    other_threads: tuple[str, ...]
     #: The user module whose import left a thread running (the template then forks nothing), or None.
     threads_from: str | None = None
-    #: The other threads' names (Linux's `comm`), for the one line that refuses the template.
-    thread_names: tuple[str, ...] = ()
+
+    @property
+    def threads(self) -> int:
+        return 1 + len(self.other_threads)
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def serve(conn: Connection, preload: list[str], user_modules: list[str]) -> NoRe
     # (each cell's tidy, and the automatic ones) scans only what a cell made. With a framework imported
     # one took ~0.1-0.35 s, most of a warm cell's time. Frozen before the fork, it stays shared too.
     gc.freeze()
-    conn.send(TemplateReady(_threads(), threads_from, _other_thread_names()))
+    conn.send(TemplateReady(_other_thread_names(), threads_from))
 
     controller = int(os.environ[CONTROLLER_PID])
     wake_read, wake_write = os.pipe()

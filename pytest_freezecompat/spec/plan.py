@@ -63,7 +63,8 @@ class Selection:
         return all(self.keeps(axis, value) for axis, value in key.as_dict().items())
 
 
-def _matches(rule: Rule, key: CellKey, device: str) -> bool:
+def rule_matches(rule: Rule, key: CellKey, device: str) -> bool:
+    """Whether `rule` picks the cell `key` on `device` (the planner's test; the round-trip benchmark's too)."""
     if rule.device is not None and rule.device != device:
         return False
     fields = key.as_dict()
@@ -125,7 +126,7 @@ def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str
         effects: dict[str, object] = {}
         options: dict[str, object] = {}
         for rule in fw.rules:
-            if _matches(rule, key, device):
+            if rule_matches(rule, key, device):
                 effects.update(rule.effects)
                 options.update(rule.effects.get("options", {}))
         if "exclude" in effects:
