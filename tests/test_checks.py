@@ -180,6 +180,40 @@ def test_the_earliest_step_names_the_failed_check():
     assert judge(record).check == "grad_norm"
 
 
+def drifted_record():
+    """Two steps; after step 0 the stack's w sits within tolerance of the reference's (Adam's reaction to rounding),
+    and its step-1 grads are those the reference takes at the stack's own params, not along its own path."""
+    record = base_record()
+    record.steps[0].params = {**record.steps[0].params, "w": arr(0.99 + 4e-5, 2.01)}
+    record.reference.append(StepFacts({"emb": None, "w": arr(0.005, -0.1), "b": arr(0.2)}, 0.22366, None,
+                                      {"emb": arr(1, 1), "w": arr(0.98, 2.02), "b": arr(0.48)}))
+    at_own = StepFacts({"emb": None, "w": arr(0.005 + 3e-6, -0.1), "b": arr(0.2)}, 0.22366)
+    record.steps.append(StepFacts(dict(at_own.grads), at_own.norm, "returned", dict(record.reference[1].params)))
+    record.reference_at_own_params = [None, at_own]
+    return record
+
+
+def test_grads_after_a_step_are_judged_at_the_params_the_stack_held():
+    record = drifted_record()
+    assert judge(record).status == "pass"
+    record.reference_at_own_params = None  # along the reference's own path, 3e-6 is beyond the grad tolerance
+    assert judge(record).check == "grads"
+
+
+def test_grads_at_the_stacks_own_params_must_still_match():
+    record = drifted_record()
+    record.steps[1].grads["w"] = arr(0.01, -0.2)  # twice the reference's, at either params
+    verdict = judge(record)
+    assert (verdict.status, verdict.check, verdict.failures[0].step) == ("fail", "grads", 1)
+
+
+def test_only_params_that_held_are_a_stacks_own_for_its_next_grads():
+    record = drifted_record()
+    record.steps[0].params["w"] = arr(0.9, 2.01)  # step 0 moved w by 10 lr too far: its update failed
+    verdict = judge(record)
+    assert [(f.check, f.step) for f in verdict.failures] == [("update", 0), ("grads", 1)]
+
+
 def low_precision_record(mixed_w_grad, mixed_w_param=None):
     """A bf16 cell whose mixed-precision reference differs from the fp32 one on w (the precision's spread)."""
     record = base_record()

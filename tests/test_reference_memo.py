@@ -14,7 +14,7 @@ from pytest_freezecompat import models
 from pytest_freezecompat.core.cell import Cell
 from pytest_freezecompat.core.freeze import resolve
 from pytest_freezecompat.core.names import import_ref
-from pytest_freezecompat.core.records import RankRecord
+from pytest_freezecompat.core.records import RankRecord, StepFacts
 from pytest_freezecompat.rank import reference, scenario
 
 
@@ -110,6 +110,32 @@ def test_a_change_to_what_the_reference_reads_computes_it_again_as_a_fresh_run_w
     assert len(runs) >= 2
     scenario._REFERENCES = reference.Memo()  # the fixture's monkeypatch puts the real memo back
     assert _same(memoized, _reference_of(other, nudge))
+
+
+def test_the_next_step_is_taken_again_at_the_stacks_own_params_only_where_they_are_not_the_references():
+    cell = torch_cell(plugin="ddp", init="eager", checkpoint="none", freeze="embedding")
+    model = models.build(cell.key.model, seed=cell.hyper.seed)
+    plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()])
+    initial = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    batches, loss = scenario._data(cell)
+    along = reference.run(cell, plan, initial, batches, model, loss)
+
+    def judged_with(stack_params: dict[str, np.ndarray]) -> RankRecord:
+        record = RankRecord(rank=0)
+        record.steps = [StepFacts(params=stack_params), StepFacts()]
+        scenario._reference(cell, import_ref(cell.adapter)(), plan, initial, batches, loss, record)
+        return record
+
+    same = judged_with(scenario.to_numpy(along[0].params))
+    assert same.reference_at_own_params == [None, None]
+    drifted = scenario.to_numpy(along[0].params)
+    drifted["head.weight"][0, 0] += 1e-4  # within the param tolerance
+    [_, taken] = judged_with(drifted).reference_at_own_params or []
+    fresh = reference.run(cell, plan, {n: torch.from_numpy(v) for n, v in drifted.items()}, batches[1:],
+                          models.build(cell.key.model, seed=cell.hyper.seed), loss)[0]
+    assert taken is not None and taken.norm == fresh.norm
+    assert all(np.array_equal(taken.grads[n], v.numpy()) for n, v in fresh.grads.items() if v is not None)
+    assert not np.array_equal(taken.grads["head.weight"], scenario.to_numpy(along[1].grads)["head.weight"])
 
 
 def test_a_mixed_precision_and_a_subset_optimizer_cell_get_every_reference_variant(runs: list[str]):

@@ -125,6 +125,11 @@ class RankRecord:
     #: rank 0, where the optimizer holds a subset of what trains and the cell clips: the reference under each
     #: other correct form of the loop (`core.names.LOOP_CONVENTIONS`), by its name.
     reference_conventions: dict[str, list[StepFacts]] | None = None
+    #: rank 0, by step: the reference's grads and clip norm at the params the stack itself held after the step
+    #: before, where those are not the reference's own (None at step 0 and where they are). Params within
+    #: tolerance still differ by rounding and Adam's reaction to it; a step's grads are judged at the params they
+    #: were taken at, as well as along the reference's own path.
+    reference_at_own_params: list[StepFacts | None] | None = None
     init_matches_eager: bool = True
     error: RankError | None = None
     resume: ResumeFacts | None = None

@@ -252,8 +252,44 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     stale = outside - set(record.tracked or ())
     if record.resume is not None and stale:
         record.reference_resumed = facts(resumed_after=record.resume.saved_after)
+
+    def one_step(values: dict[str, torch.Tensor], batch: Batch) -> StepFacts:
+        """The reference's step on `batch` from `values`: its grads and clip norm (its update is never read)."""
+        key = reference.digest(model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows),
+                               cell.hyper, values, batch)
+        [taken] = _REFERENCES.get(key, lambda: [StepFacts(grads=to_numpy(s.grads), norm=s.norm)
+                                                for s in reference.run(cell, plan, values, [batch], *bare())])
+        return taken
+
+    record.reference_at_own_params = [None, *(_at_own_params(record, step, batches[step], one_step, outside)
+                                              for step in range(1, min(len(record.steps), len(record.reference))))]
     eager = _EAGER.get(reference.digest(model), lambda: _eager_values(cell, adapter))
     record.init_matches_eager = all(torch.equal(values, initial[name]) for name, values in eager.items())
+
+
+def _at_own_params(record: RankRecord, step: int, batch: Batch,
+                   one_step: Callable[[dict[str, torch.Tensor], Batch], StepFacts],
+                   outside: set[str]) -> StepFacts | None:
+    """The reference's `step` taken at the params the stack held after the step before; None where those are
+    the reference's own (bit for bit) or not a full set of them. The grads of `outside` params (trainable, in no
+    optimizer) add up over steps in the canonical loop: theirs are the reference's sums, moved by what taking the
+    step at the stack's params instead of the reference's changes."""
+    assert record.reference is not None
+    own, along = record.steps[step - 1].params, record.reference[step - 1].params or {}
+    if not own or set(own) != set(along) or any(own[n].shape != along[n].shape for n in own):
+        return None
+    if all(np.array_equal(own[n], along[n]) for n in own):
+        return None
+    taken = one_step({name: torch.from_numpy(value) for name, value in own.items()}, batch)
+    summed = {n: g for n, g in (record.reference[step].grads or {}).items() if n in outside and g is not None}
+    if not summed:
+        return taken
+    afresh = one_step({name: torch.from_numpy(value) for name, value in along.items()}, batch).grads or {}
+    grads = dict(taken.grads or {})
+    for name, total in summed.items():
+        if grads.get(name) is not None and afresh.get(name) is not None:
+            grads[name] = total + grads[name] - afresh[name]
+    return StepFacts(grads=grads, norm=taken.norm)
 
 
 def _eager_values(cell: Cell, adapter: Adapter) -> dict[str, torch.Tensor]:

@@ -521,18 +521,25 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     outside = set(plan.trainable) - set(plan.optimized)
     conventions = {CANONICAL_LOOP: lead.reference, **(lead.reference_conventions or {})}
     tried: dict[str, tuple[list[tuple[int, str, Problem]], list[str]]] = {}
-    for convention, ref_steps in conventions.items():
-        scratch: list[str] = []
-        tried[convention] = (_training_failures(lead, records, ref_steps, rooms, tol, lr, clips, outside, scratch),
-                             scratch)
-        if not tried[convention][0]:
-            break
+    # Each loop along the reference's own path first: where one matches there, it names the loop the stack follows
+    # (its norm may be unverifiable, its later grads still tell); then each again at the stack's own params.
+    for at_own_params in ([], lead.reference_at_own_params or []):
+        for convention, ref_steps in conventions.items():
+            scratch: list[str] = []
+            tried[convention] = (_training_failures(lead, records, ref_steps, rooms, tol, lr, clips, outside,
+                                                    at_own_params, scratch), scratch)
+            if not tried[convention][0]:
+                break
+        else:
+            continue
+        break
     # The first convention the weights follow; where none does, the one with the fewest failed checks.
     convention = min(tried, key=lambda c: (len({check for _, check, _ in tried[c][0]}), list(tried).index(c)))
     trained, step_notes = tried[convention]
     notes.extend(step_notes)
     failures: list[tuple[int, str, Problem]] = [*flags, *trained]
-    differences = _outside_differences(lead, outside, tol, rooms)
+    differences = _outside_differences(lead, outside, tol, rooms,
+                                       [] if trained else lead.reference_at_own_params or [])
     if len(conventions) > 1:
         if convention != CANONICAL_LOOP and not trained:
             differences.insert(0, f"the weights follow the loop '{convention}', not '{CANONICAL_LOOP}' (the clip "
@@ -582,38 +589,58 @@ def _without(values: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:
 
 def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: list[StepFacts],
                        rooms: dict[int, Room], tol: Tolerance, lr: float, clips: bool, outside: set[str],
-                       notes: list[str]) -> list[tuple[int, str, Problem]]:
-    """The steps judged against one reference run: grads (but those of `outside`), clip norm, update."""
+                       at_own_params: list[StepFacts | None], notes: list[str]) -> list[tuple[int, str, Problem]]:
+    """The steps judged against one reference run: grads (but those of `outside`), clip norm, update.
+    `at_own_params`: `RankRecord.reference_at_own_params`, or none to judge along the reference's path alone."""
     failures: list[tuple[int, str, Problem]] = []
     if len(lead.steps) < len(ref_steps):
         failures.append((len(lead.steps), "update", Problem(f"ran {len(lead.steps)} of {len(ref_steps)} steps", ())))
     before = lead.initial or {}
     quiet: dict[str, np.ndarray] = {}
+    updates_held = True  # every update so far within tolerance
     for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
         room = rooms.get(step, Room())
         for name, grad in (ref.grads or {}).items():
             if grad is not None:
                 quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
-        for check, problem in (("grads", _check_grads(step, _without(got.grads, outside), _without(ref.grads, outside),
-                                                      tol, room, notes)),
-                               ("grad_norm", _check_norm(step, got, [_norm_at(r, step) for r in records], ref.norm,
-                                                         tol, room, notes) if clips else None),
-                               ("update", _check_update(step, got.params or {}, ref.params or {}, before, tol,
-                                                        room, quiet, lr))):
-            if problem:
-                failures.append((step, check, problem))
+        peers = [_norm_at(r, step) for r in records]
+        grads = _check_grads(step, _without(got.grads, outside), _without(ref.grads, outside), tol, room, notes)
+        norm = _check_norm(step, got, peers, ref.norm, tol, room, notes) if clips else None
+        # Params within tolerance still differ by rounding and by Adam's reaction to it (`quiet`), and the next
+        # grads with them: where the stack's params held, its grads may instead match the reference's taken at
+        # those very params. The norm only without grads outside the optimizer (the canonical loop accumulates
+        # theirs, which a step taken afresh lacks).
+        own = at_own_params[step] if step < len(at_own_params) and updates_held else None
+        if own is not None:
+            if grads and not _check_grads(step, _without(got.grads, outside), _without(own.grads, outside), tol,
+                                          room, []):
+                grads = None
+            if norm and not outside and own.norm is not None and not _check_norm(step, got, peers, own.norm, tol,
+                                                                                  room, []):
+                norm = None
+        update = _check_update(step, got.params or {}, ref.params or {}, before, tol, room, quiet, lr)
+        updates_held &= update is None
+        failures.extend((step, check, problem) for check, problem in (
+            ("grads", grads), ("grad_norm", norm), ("update", update)) if problem)
         before = ref.params or {}
     return failures
 
 
-def _outside_differences(lead: RankRecord, outside: set[str], tol: Tolerance, rooms: dict[int, Room]) -> list[str]:
+def _outside_differences(lead: RankRecord, outside: set[str], tol: Tolerance, rooms: dict[int, Room],
+                         at_own_params: list[StepFacts | None]) -> list[str]:
     """Where the grads of params no optimizer steps differ from the canonical loop's: reaching no weight, a
-    difference of loop convention (zeroed, rank-local), said but not failed."""
+    difference of loop convention (zeroed, rank-local), said but not failed. `at_own_params`: as the training
+    checks take it, where the stack's params held (`RankRecord.reference_at_own_params`)."""
     found = []
     for step, (got, ref) in enumerate(zip(lead.steps, lead.reference or [])):
         mine = {n: v for n, v in (got.grads or {}).items() if n in outside}
         theirs = {n: v for n, v in (ref.grads or {}).items() if n in outside}
-        problem = _check_grads(step, mine, theirs, tol, rooms.get(step, Room()), []) if theirs else None
+        room = rooms.get(step, Room())
+        problem = _check_grads(step, mine, theirs, tol, room, []) if theirs else None
+        own = at_own_params[step] if step < len(at_own_params) else None
+        if problem and own is not None and not _check_grads(
+                step, mine, {n: v for n, v in (own.grads or {}).items() if n in outside}, tol, room, []):
+            problem = None
         if problem:
             found.append(f"{problem.text} (params outside the optimizer: their grads reach no weight)")
     return found
