@@ -228,8 +228,8 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
 
     # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains.
     model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
-    reads = reference.digest(model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows),
-                             cell.hyper, initial, batches)  # once: the values' bytes are hashed for every variant
+    trains = (model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows), cell.hyper)
+    reads = reference.digest(*trains, initial, batches)  # once: the values' bytes are hashed for every variant
 
     def facts(compute_dtype: torch.dtype | None = None, resumed_after: int | None = None,
               convention: str = CANONICAL_LOOP) -> list[StepFacts]:
@@ -255,8 +255,7 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
 
     def one_step(values: dict[str, torch.Tensor], batch: Batch) -> StepFacts:
         """The reference's step on `batch` from `values`: its grads and clip norm (its update is never read)."""
-        key = reference.digest(model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows),
-                               cell.hyper, values, batch)
+        key = reference.digest(*trains, values, batch)
         [taken] = _REFERENCES.get(key, lambda: [StepFacts(grads=to_numpy(s.grads), norm=s.norm)
                                                 for s in reference.run(cell, plan, values, [batch], *bare())])
         return taken

@@ -604,7 +604,8 @@ def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: l
             if grad is not None:
                 quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
         peers = [_norm_at(r, step) for r in records]
-        grads = _check_grads(step, _without(got.grads, outside), _without(ref.grads, outside), tol, room, notes)
+        trained = _without(got.grads, outside)
+        grads = _check_grads(step, trained, _without(ref.grads, outside), tol, room, notes)
         norm = _check_norm(step, got, peers, ref.norm, tol, room, notes) if clips else None
         # Params within tolerance still differ by rounding and by Adam's reaction to it (`quiet`), and the next
         # grads with them: where the stack's params held, its grads may instead match the reference's taken at
@@ -612,8 +613,7 @@ def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: l
         # theirs, which a step taken afresh lacks).
         own = at_own_params[step] if step < len(at_own_params) and updates_held else None
         if own is not None:
-            if grads and not _check_grads(step, _without(got.grads, outside), _without(own.grads, outside), tol,
-                                          room, []):
+            if grads and not _check_grads(step, trained, _without(own.grads, outside), tol, room, []):
                 grads = None
             if norm and not outside and own.norm is not None and not _check_norm(step, got, peers, own.norm, tol,
                                                                                   room, []):
