@@ -26,7 +26,6 @@ whose status or severity changed. `--after-shards`: keep the after runs as the e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -38,6 +37,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
+
+from checkouts import worktree
 
 from pytest_freezecompat.controller.pool import RankPool
 from pytest_freezecompat.core.phases import KINDS
@@ -188,17 +189,6 @@ def cell_time(cells: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
         for kind, seconds in (cell.get("phases_s") or {}).items():
             phases[kind] += seconds
     return sum(c.get("duration_s") or 0.0 for c in cells if c["status"] != "skip"), phases
-
-
-@contextlib.contextmanager
-def worktree(revision: str) -> Any:
-    """A checkout of `revision` in a temporary folder, removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="freezecompat-before-"))
-    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(folder), revision], cwd=ROOT, check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=ROOT, check=False)
 
 
 def compare(revision: str, environments: list[str], after_shards: Path | None) -> str:

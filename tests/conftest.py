@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from slices import SharedPools
 
 TESTS = Path(__file__).parent
 SPECS = TESTS / "specs"
@@ -20,6 +25,18 @@ class ShimProbe:
 
     def emulated(self, what: str) -> None:
         self.emulated_patches.append(what)
+
+
+@pytest.fixture(scope="session")
+def shared_pools() -> Iterator[SharedPools]:
+    """Warm 2-rank pools the real-run test modules share (`slices.SharedPools`), shut down once the session ends."""
+    from slices import SharedPools  # torch and the engine load only for a session that runs real cells
+
+    pools = SharedPools()
+    try:
+        yield pools
+    finally:
+        pools.shutdown()
 
 
 @pytest.fixture

@@ -18,12 +18,32 @@ WORLD_SIZE = 2
 
 
 def rank_pool(*modules: str) -> Iterator[RankPool]:
-    """A fixture's body (`yield from`): warm ranks preloading `modules`, shut down with their folder however it ends."""
+    """A fixture's body (`yield from`): warm ranks preloading `modules`, shut down with their folder however it ends.
+    For a pool that needs what no other test module's has (a folder on sys.path); the rest share `SharedPools`."""
     ranks = RankPool(WORLD_SIZE, list(modules))
     try:
         yield ranks
     finally:
         ranks.shutdown()
+
+
+class SharedPools:
+    """One warm pool per set of preloaded modules for the whole test session, as the matrix keeps one for a whole
+    slice: each test module of an environment would otherwise start its framework's ranks again (~10 s of imports
+    on a 2-core machine). Cells leave nothing behind in warm ranks (the engine's guarantee), so sharing is safe."""
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[str, ...], RankPool] = {}
+
+    def get(self, *modules: str) -> RankPool:
+        """The session's pool preloading exactly `modules`, made on first use (its ranks start with its first cell)."""
+        if modules not in self._pools:
+            self._pools[modules] = RankPool(WORLD_SIZE, list(modules))
+        return self._pools[modules]
+
+    def shutdown(self) -> None:
+        for ranks in self._pools.values():
+            ranks.shutdown()
 
 
 def matrix_cell(framework: str, **axes: str) -> Cell:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,8 @@ ADAPTER = "pytest_freezecompat.adapters.torch_native.adapter"
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER)
 
 
 def cell(plugin: str, freeze: str) -> Cell:

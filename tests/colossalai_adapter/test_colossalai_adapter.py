@@ -280,10 +280,10 @@ def test_the_declaration_and_the_implementation_name_the_same_plugins() -> None:
     assert tuple(cai.PLUGINS) == DECLARATION.plugins
 
 
-@pytest.fixture
-def rank_pool() -> Iterator[pool.RankPool]:
-    """A 2-rank warm pool."""
-    yield from slices.rank_pool(ADAPTER_MODULE)
+@pytest.fixture(scope="module")
+def rank_pool(shared_pools: slices.SharedPools) -> pool.RankPool:
+    """The session's 2-rank warm pool, shared with test_colossalai_resume."""
+    return shared_pools.get(ADAPTER_MODULE, "colossalai_probe")
 
 
 @CPU_ONLY

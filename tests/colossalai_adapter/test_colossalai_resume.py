@@ -5,7 +5,6 @@ resumed on a freshly built, frozen and boosted model, and a broken load the chec
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,13 +22,15 @@ from pytest_freezecompat.core.cell import Cell, UserModel
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the cells' plan (emulation) is the CPU one")
 PLUGINS = {"torch-ddp": "shard=False", "low-level-zero-1": "shard=True"}
 FROZEN = {"tok_emb.weight", "pos_emb.weight"}
+#: What the session's ColossalAI ranks preload: the adapter, and the probe that reads ZeRO grads a second way.
+POOL_MODULES = (DECLARATION.implementation_module, "colossalai_probe")
 #: A trainable param the broken load leaves at its freshly built value.
 BROKEN = "blocks.1.fc1.weight"
 
 
 @pytest.fixture(scope="module")
-def rank_pool() -> Iterator[pool.RankPool]:
-    yield from slices.rank_pool(DECLARATION.implementation_module)
+def rank_pool(shared_pools: slices.SharedPools) -> pool.RankPool:
+    return shared_pools.get(*POOL_MODULES)
 
 
 def _cell(plugin: str) -> Cell:
@@ -62,8 +63,8 @@ def test_a_load_that_leaves_a_param_behind_fails_the_resume_check(rank_pool: poo
 
 
 @pytest.fixture(scope="module")
-def probe_pool() -> Iterator[pool.RankPool]:
-    yield from slices.rank_pool(DECLARATION.implementation_module, "colossalai_probe")
+def probe_pool(shared_pools: slices.SharedPools) -> pool.RankPool:
+    return shared_pools.get(*POOL_MODULES)
 
 
 @CPU_ONLY

@@ -8,7 +8,6 @@ Composer saves with `Trainer(save_folder=..., save_interval=...)` (its Checkpoin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,8 +21,8 @@ from pytest_freezecompat.verdict import checks
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER)
 
 
 def resume_message(verdict: checks.Verdict) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,8 +16,8 @@ from pytest_freezecompat.verdict import checks
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER)
 
 
 def assert_passes(verdict: checks.Verdict) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 
@@ -25,8 +24,8 @@ EMBEDDING = {"tok_emb.weight", "pos_emb.weight"}
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER, PROBE)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER, PROBE)
 
 
 def cell(plugin: str, freeze: str, init: str = "eager", checkpoint: str = "none", clip: str = "clip") -> Cell:

@@ -7,7 +7,6 @@ environment variables or shared state would reach the next (the trap `state.fres
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 
@@ -27,8 +26,8 @@ FSDP2_LOADS_OPTIMIZER = Version(accelerate.__version__) >= Version("1.13.0")
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER)
 
 
 def test_ddp_runs_without_the_shim_and_trains_like_the_reference(pool: RankPool) -> None:

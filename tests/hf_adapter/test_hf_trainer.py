@@ -7,8 +7,6 @@ its clipping (`max_grad_norm`) through `accelerator.clip_grad_norm_`, and its ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 pytest.importorskip("accelerate.state")  # a module of the real package, not a namespace folder
@@ -26,8 +24,8 @@ ACCELERATE = Version(accelerate.__version__)
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER)
 
 
 def test_trainer_ddp_trains_like_the_reference_and_resumes_from_its_own_checkpoint(pool: RankPool) -> None:

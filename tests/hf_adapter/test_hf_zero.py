@@ -4,7 +4,6 @@ behind the labelled shim, and the stack check that refuses a DeepSpeed request A
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 
@@ -27,8 +26,8 @@ ACCELERATE = Version(accelerate.__version__)
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER)
 
 
 def test_accelerate_zero3_trains_like_the_reference_and_round_trips_through_save_state(pool: RankPool) -> None:

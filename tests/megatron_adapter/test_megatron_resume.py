@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import queue
-from collections.abc import Iterator
 
 import pytest
 
@@ -32,8 +31,8 @@ needs_a_save = pytest.mark.skipif(not (HAS_PSUTIL and SAVES_ON_THIS_TORCH),
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    yield from slices.rank_pool(ADAPTER)
+def pool(shared_pools: slices.SharedPools) -> RankPool:
+    return shared_pools.get(ADAPTER, "megatron_shard_probe")  # test_megatron_slice's pool: one start for both
 
 
 def cell(plugin: str, freeze: str) -> Cell:
