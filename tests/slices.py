@@ -3,6 +3,7 @@ judges it. Imported as `slices` (tests/ is on sys.path: pytest's prepend import 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 from pytest_freezecompat.controller.pool import RankPool
@@ -42,8 +43,10 @@ class SharedPools:
         return self._pools[modules]
 
     def shutdown(self) -> None:
-        for ranks in self._pools.values():
-            ranks.shutdown()
+        """Every pool's ranks and folder, even where one's shutdown raises (that error is raised after the rest)."""
+        with contextlib.ExitStack() as stack:
+            for ranks in self._pools.values():
+                stack.callback(ranks.shutdown)
 
 
 def matrix_cell(framework: str, **axes: str) -> Cell:
