@@ -310,20 +310,28 @@ def adapter_tests(frameworks: list[str]) -> list[str]:
     return [f"tests/{fw}_adapter" for fw in frameworks if (ROOT / "tests" / f"{fw}_adapter").is_dir()]
 
 
-def run_tests(session: nox.Session, env: Environment) -> None:
-    """The plugin's tests that belong to the environment: the engine's own in the torch one (framework tests skip
-    there), each framework's adapter tests in its releases' environments."""
-    if env.name == "torch":
-        env.run(session, "ruff", "check", ".")
+def test_runs(name: str) -> list[list[str]]:
+    """pytest's arguments for each run of environment `name`'s tests (posargs aside): the engine's own in the torch
+    one (framework tests skip there), each framework's adapter tests in its releases' environments."""
+    runs = []
+    if name == "torch":
         # A framework's adapter tests run in its own environments, even where the torch one has its packages too
         # (peft brings accelerate: the Hugging Face tests ran here a third time, ~2 min).
-        owned = {path for name, other in environments().items() if name != env.name
+        owned = {path for other_name, other in environments().items() if other_name != name
                  for path in adapter_tests(other["frameworks"])}
-        env.run(session, "pytest", "-n", "2", "tests", *(f"--ignore={path}" for path in sorted(owned)),
-                *session.posargs)
-    paths = adapter_tests(environments()[env.name]["frameworks"])
+        runs.append(["-n", "2", "tests", *(f"--ignore={path}" for path in sorted(owned))])
+    paths = adapter_tests(environments()[name]["frameworks"])
     if paths:
-        env.run(session, "pytest", *paths, *session.posargs)
+        runs.append(paths)
+    return runs
+
+
+def run_tests(session: nox.Session, env: Environment) -> None:
+    """The plugin's tests that belong to the environment (`test_runs`), after ruff in the torch one."""
+    if env.name == "torch":
+        env.run(session, "ruff", "check", ".")
+    for arguments in test_runs(env.name):
+        env.run(session, "pytest", *arguments, *session.posargs)
 
 
 def tested() -> list[str]:

@@ -1,13 +1,13 @@
 """How long the README's test command spends in each environment's tests, before vs after a revision: a benchmark.
 
-    python3 benchmarks/bench_tests.py --compare b2e8c86 [--environments hf,colossalai] [--rounds 1]
+    python3 benchmarks/bench_tests.py --compare b2e8c86 [--environments hf,colossalai]
 
 For each environment the test command runs tests in (`noxfile.tested()`, all by default; each must be built), its
-pytest run exactly as `nox -s tests-<env>` makes it (the engine's tests with `-n 2` in the torch one, a framework's
-adapter tests in its releases' environments), first at commit `--compare` (a git worktree, its checkout first on
-PYTHONPATH), then at this checkout, one after the other, so both sides meet the same machine. Prints per environment
-the wall seconds and pytest's outcome line of both sides, and the totals. Environment builds are not timed here:
-they depend on the caches (uv's wheels, ccache's objects), not on the tests.
+pytest runs exactly as `nox -s tests-<env>` makes them (`noxfile.test_runs`: the engine's tests with `-n 2` in the
+torch one, a framework's adapter tests in its releases' environments), first at commit `--compare` (a git worktree,
+its checkout first on PYTHONPATH), then at this checkout, one after the other, so both sides meet the same machine.
+Prints per environment the wall seconds and pytest's outcome line of both sides, and the totals. Environment builds
+are not timed here: they depend on the caches (uv's wheels, ccache's objects), not on the tests.
 """
 
 from __future__ import annotations
@@ -30,26 +30,19 @@ import noxfile  # noqa: E402  (the sessions' own definitions: what `tests-<env>`
 OUTCOME = re.compile(r"^=*\s*(\d+ (passed|failed|error).*) in [\d.]+s")
 
 
-def pytest_arguments(environment: str) -> list[str]:
-    """What `run_tests` hands pytest in `environment` (posargs aside): one run, as the test command makes it."""
-    if environment == "torch":
-        owned = {path for name, env in noxfile.environments().items() if name != environment
-                 for path in noxfile.adapter_tests(env["frameworks"])}
-        return ["-n", "2", "tests", *(f"--ignore={path}" for path in sorted(owned))]
-    return noxfile.adapter_tests(noxfile.environments()[environment]["frameworks"])
-
-
 def timed_run(environment: str, checkout: Path) -> tuple[float, str]:
-    """Wall seconds of the environment's tests in `checkout`, and pytest's outcome line (or its exit code)."""
+    """Wall seconds of the environment's test runs (`noxfile.test_runs`) in `checkout`, and pytest's outcome line of
+    each (or its exit code)."""
     python = ROOT / ".nox" / environment / "bin" / "python"
     started = time.perf_counter()
-    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_arguments(environment)],
-                          cwd=checkout, capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(checkout)})
-    seconds = time.perf_counter() - started
-    outcome = next((m.group(1) for line in reversed(done.stdout.splitlines()) if (m := OUTCOME.match(line.strip()))),
-                   f"pytest exited {done.returncode}")
-    return seconds, outcome
+    outcomes = []
+    for arguments in noxfile.test_runs(environment):
+        done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments],
+                              cwd=checkout, capture_output=True, text=True, check=False,
+                              env={**os.environ, "PYTHONPATH": str(checkout)})
+        outcomes.append(next((m.group(1) for line in reversed(done.stdout.splitlines())
+                              if (m := OUTCOME.match(line.strip()))), f"pytest exited {done.returncode}"))
+    return time.perf_counter() - started, "; ".join(outcomes)
 
 
 def main() -> None:
