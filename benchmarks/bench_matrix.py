@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +51,15 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPUTE = ("build", "wrap", "steps", "probes", "reference", "groups")
 
 
-def run_slice(environment: str, report_dir: Path, python: str = sys.executable, checkout: Path = ROOT
-              ) -> tuple[float, list[dict[str, Any]]]:
+def run_slice(environment: str, report_dir: Path, python: str = sys.executable, checkout: Path = ROOT,
+              extra: Sequence[str] = (), under: Sequence[str] = ()) -> tuple[float, list[dict[str, Any]]]:
     """The environment's slice as `nox -s matrix-<environment>` runs it: the built-in matrix and the examples
-    (those of `checkout`, whose package comes first on the path)."""
+    (those of `checkout`, whose package comes first on the path). `extra`: more pytest arguments (a selection);
+    `under`: a command the run goes under (a profiler)."""
     started = time.perf_counter()
-    subprocess.run([python, "-m", "pytest", "--freeze-matrix", f"--freeze-matrix-environment={environment}",
+    subprocess.run([*under, python, "-m", "pytest", "--freeze-matrix", f"--freeze-matrix-environment={environment}",
                     f"--freeze-matrix-report={report_dir}", "-p", "no:cacheprovider", "-q", "--no-header",
-                    "examples"], check=False, stdout=subprocess.DEVNULL, cwd=checkout,
+                    "examples", *extra], check=False, stdout=subprocess.DEVNULL, cwd=checkout,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)})
     return time.perf_counter() - started, json.loads((report_dir / "matrix.json").read_text())["cells"]
 

@@ -52,6 +52,22 @@ def test_a_release_without_fsdp2_refuses_the_plugin_by_name(monkeypatch: pytest.
     assert adapter._parallelism("fsdp1", framework_ac=False) is not None
 
 
+def test_the_commit_hash_is_read_once_and_the_env_dict_keeps_composers_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from composer.utils import collect_env
+
+    original = collect_env.get_composer_commit_hash
+    monkeypatch.setattr(collect_env, "get_composer_commit_hash", original)  # undone after the test
+    reads = []
+    monkeypatch.setattr(collect_env.importlib_metadata, "files",
+                        lambda name, real=collect_env.importlib_metadata.files: reads.append(name) or real(name))
+    compat.remember_commit_hash()
+    compat.remember_commit_hash()  # twice, as a template that warms up again would: still one memo
+    first = collect_env.get_composer_env_dict()["composer_commit_hash"]
+    assert collect_env.get_composer_env_dict()["composer_commit_hash"] == first == original()
+    assert len(reads) == 2  # the memo's one read, then `original()`'s own: none for the second env dict
+    assert collect_env.get_composer_commit_hash.__wrapped__ is original
+
+
 def test_dtensor_and_meta_init_resolve_on_this_torch() -> None:
     """torch < 2.4 keeps DTensor under torch.distributed._tensor only: the harness finds it either way."""
     from pytest_freezecompat.adapters.materialize import DTensor, MetaInit

@@ -45,8 +45,11 @@ from . import DEFAULT_OPTIMIZER_SUFFIX, UNSHIMMED_GLOO_AVG, compat
 
 def warm_up() -> None:
     """Once per rank template: the Trainer's first init asks py-cpuinfo for the CPU model in a subprocess
-    (~1.1 s here; Composer caches the answer for the process), which every fresh rank would pay again."""
+    (~1.1 s here; Composer caches the answer for the process), which every fresh rank would pay again; its commit
+    hash, which it reads at every Trainer init, is read here once (`compat.remember_commit_hash`)."""
     collect_env.get_cpu_model()
+    compat.remember_commit_hash()
+    collect_env.get_composer_commit_hash()
 
 
 #: Plugin ids that run another's wrapping unchanged.

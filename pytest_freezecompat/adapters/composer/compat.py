@@ -7,6 +7,7 @@ matrix judges: Composer's optimizer handling and FSDP wrapping run as each relea
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -49,3 +50,18 @@ def composer_version() -> str:
     import composer
 
     return str(getattr(composer, "__version__", "unknown"))
+
+
+def remember_commit_hash() -> None:
+    """Let Composer read its own install's commit hash once per process instead of once per `Trainer`.
+
+    `Trainer.__init__` and every checkpoint's metadata (`State._get_state_metadata`) call `get_composer_env_dict`,
+    which calls `collect_env.get_composer_commit_hash`: it lists every file of Composer's distribution
+    (`importlib_metadata.files`) to find `direct_url.json`, ~6% of a Composer rank's samples under py-spy
+    (`benchmarks/profile_slice.py`). The answer is fixed by what is installed, so the function is memoized in place
+    (the env dict reads the module's name at each call); what it returns, and all of the Trainer, are Composer's.
+    """
+    from composer.utils import collect_env
+
+    if not hasattr(collect_env.get_composer_commit_hash, "cache_info"):
+        collect_env.get_composer_commit_hash = functools.cache(collect_env.get_composer_commit_hash)
