@@ -100,7 +100,11 @@ def tables(roles: dict[str, Owners], top: int = 12) -> str:
 
 def profile(environment: str, select: list[str], rate: int, keep: Path | None) -> Path:
     """Run the slice under py-spy; the raw profile's path."""
-    from bench_matrix import run_slice  # the environment's interpreter: it imports the package and torch
+    try:
+        from bench_matrix import run_slice  # imports the package and torch: the environment's interpreter
+    except ImportError as exc:
+        raise SystemExit(f"{exc}: run this with the environment's interpreter, "
+                         f".nox/{environment}/bin/python benchmarks/profile_slice.py ...") from None
 
     spy = shutil.which("py-spy")
     if spy is None:
