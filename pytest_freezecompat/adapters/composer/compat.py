@@ -2,7 +2,8 @@
 
 Each difference is one named function, found by feature detection (an import or an attribute) rather than
 by version number, so the adapter itself reads the same on every release. None of them touches what the
-matrix judges: Composer's optimizer handling and FSDP wrapping run as each release ships them.
+matrix judges: Composer's optimizer handling and FSDP wrapping run as each release ships them. Beside them, on every
+release, one memo of a value Composer reads again and again from its own install (`remember_commit_hash`).
 """
 
 from __future__ import annotations
