@@ -98,8 +98,8 @@ def tables(roles: dict[str, Owners], top: int = 12) -> str:
     return "\n".join(out)
 
 
-def profile(environment: str, select: list[str], rate: int, keep: Path | None) -> Path:
-    """Run the slice under py-spy; the raw profile's path."""
+def profile(environment: str, select: list[str], rate: int, raw: Path, report: Path) -> None:
+    """Run the slice under py-spy, its raw profile into `raw`, its report into `report`."""
     try:
         from bench_matrix import run_slice  # imports the package and torch: the environment's interpreter
     except ImportError as exc:
@@ -109,18 +109,21 @@ def profile(environment: str, select: list[str], rate: int, keep: Path | None) -
     spy = shutil.which("py-spy")
     if spy is None:
         raise SystemExit("py-spy is not on PATH: pip install py-spy")
-    scratch = Path(tempfile.mkdtemp(prefix="freezecompat-profile-"))
-    raw = keep or scratch / "profile.txt"
     try:
-        wall, cells = run_slice(environment, scratch / "report",
-                                extra=[f"--freeze-matrix-select={s}" for s in select],
+        wall, cells = run_slice(environment, report, extra=[f"--freeze-matrix-select={s}" for s in select],
                                 under=[spy, "record", "--subprocesses", "--rate", str(rate), "--format", "raw",
                                        "--output", str(raw), "--"])
     except FileNotFoundError:  # pytest wrote no report: a usage error, printed above by pytest
         raise SystemExit(f"the {environment} slice wrote no report (pytest says why above)") from None
     print(f"{environment}: {len(cells)} cells, {wall:.0f} s wall, "
           f"{sum(c['duration_s'] or 0 for c in cells):.0f} s cell time (under the profiler)")
-    return raw
+
+
+def print_tables(raw: Path) -> None:
+    if not raw.is_file():
+        raise SystemExit(f"no profile at {raw}")
+    with raw.open() as lines:
+        print(tables(summarize(lines)))
 
 
 def main() -> None:
@@ -132,11 +135,14 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=40, help="samples a second (py-spy's default 100 slows the run)")
     parser.add_argument("--keep", type=Path, help="write the raw profile here")
     args = parser.parse_args()
-    raw = args.raw or profile(args.environment, args.select, args.rate, args.keep)
-    if not raw.is_file():
-        raise SystemExit(f"no profile at {raw}")
-    with raw.open() as lines:
-        print(tables(summarize(lines)))
+    if args.raw:
+        print_tables(args.raw)
+        return
+    # The slice's report and (without --keep) the raw profile are scratch: gone once the tables are printed.
+    with tempfile.TemporaryDirectory(prefix="freezecompat-profile-") as scratch:
+        raw = args.keep or Path(scratch) / "profile.txt"
+        profile(args.environment, args.select, args.rate, raw, Path(scratch) / "report")
+        print_tables(raw)
 
 
 if __name__ == "__main__":
