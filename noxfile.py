@@ -59,13 +59,24 @@ def environments() -> dict[str, dict[str, Any]]:
 
 def interpreter(version: str) -> str:
     """A Python `version` (`3.10`) to build a virtualenv with: on PATH, or installed by pyenv (whose shim for a
-    version that is not pyenv's global one refuses to run), or a one-line stop naming what to install."""
+    version that is not pyenv's global one refuses to run), or one uv manages (found, else downloaded once: Debian 12
+    ships 3.11 only), or a one-line stop naming what to install."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     candidates = [shutil.which(f"python{version}"), *sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}")),
                                                             reverse=True), f"/usr/bin/python{version}"]
-    for candidate in filter(None, candidates):
-        if subprocess.run([candidate, "--version"], capture_output=True, check=False).returncode == 0:
+    for candidate in filter(None, candidates):  # /usr/bin/python3.10 is absent on a stock Debian 12
+        if Path(candidate).is_file() and not subprocess.run([candidate, "--version"], capture_output=True,
+                                                            check=False).returncode:
             return candidate
+    tool = uv()
+    if tool:  # `--system`: no virtualenv's Python (a `.venv` here), uv's own installations and PATH's
+        find = [tool, "python", "find", "--system", version]
+        found = subprocess.run(find, capture_output=True, text=True, check=False)
+        if found.returncode and not subprocess.run([tool, "python", "install", version], capture_output=True,
+                                                   check=False).returncode:
+            found = subprocess.run(find, capture_output=True, text=True, check=False)
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
     raise SystemExit(f"an environment needs Python {version}, found neither on PATH nor under {pyenv}: "
                      f"install it (pyenv install {version}, or apt-get install python{version}-venv)")
 
