@@ -42,3 +42,23 @@ def test_assign_finds_controls_by_column_keeps_harness_and_marks_red_controls_as
             row("output", "error", cause="harness"), row("lora", "pass", cause="stale")]
     cause.assign(rows)
     assert [r.get("cause") for r in rows] == ["both", "stack", "stack", "harness", None]
+
+
+def test_a_cell_is_compared_with_the_control_of_its_own_release():
+    """Two releases in one report: each red cell against its own release's control, whichever comes last."""
+    rows = [row(failures=[GRADS_W], release="1.0"), row("none", failures=[GRADS_W], release="1.0"),
+            row(failures=[GRADS_W], release="2.0"), row("none", "pass", release="2.0")]
+    cause.assign(rows)
+    assert [r.get("cause") for r in rows] == ["stack", "stack", "freeze", None]
+    cause.assign(rows[2:] + rows[:2])
+    assert [r.get("cause") for r in rows] == ["stack", "stack", "freeze", None]
+
+
+def test_errors_are_compared_in_the_stacks_words_not_ours():
+    """The verdict's message is ours to reword: the stack's own error decides whether the control fails alike."""
+    same = {"type": "RuntimeError", "message": "x"}
+    cell = row(status="error", message="reworded one way", error=same)
+    control = row("none", "error", message="worded quite otherwise", error=dict(same))
+    assert cause.cause_of(cell, control) == "stack"
+    assert cause.cause_of(cell, row("none", "error", message="reworded one way",
+                                    error={"type": "ValueError", "message": "x"})) == "both"

@@ -302,3 +302,44 @@ def test_close_answers_as_numpy_allclose_does():
             have[rng.integers(8)] = specials[rng.integers(4)]
         rtol, atol = 10.0 ** rng.integers(-7, -3), 10.0 ** rng.integers(-8, -4)
         assert checks.close(have, want, rtol, atol) == np.allclose(have, want, rtol=rtol, atol=atol), (have, want)
+
+
+def test_a_refusal_of_a_pattern_with_nothing_to_train_is_a_pass_that_says_training_never_ran():
+    record = base_record()
+    record.error = RankError("ValueError", "optimizer got an empty parameter list", "", 0, "x.py:1", "wrap", "", 0.0)
+    verdict = judge(record, may_refuse=True)
+    assert (verdict.status, verdict.unchecked) == ("pass", ["training"])
+
+
+def test_a_pass_lists_each_deciding_check_that_did_not_run():
+    record = base_record()
+    assert judge(record).unchecked == ["resume"]  # no round trip reported
+    record.steps[0].norm = None  # the stack reports no clip norm
+    assert judge(record).unchecked == ["grad_norm", "resume"]
+    assert checks.judge_records([record], "fp32", clips=False).unchecked == ["resume"]  # nothing to clip
+
+
+def test_every_failure_carries_its_kinds_and_whether_the_optimizer_holds_what_it_names():
+    record = base_record()
+    record.requires_grad["emb"] = True
+    record.steps[0].grads = {**record.steps[0].grads, "emb": arr(0.5, 0.5)}  # a grad on the frozen param
+    verdict = judge(record)
+    by_check = {f.check: f for f in verdict.failures}
+    assert by_check["requires_grad"].kinds == ("flag-changed",)
+    assert (by_check["grads"].kinds, by_check["grads"].in_optimizer) == (("spurious",), False)
+    record.tracked += ("emb",)
+    by_check = {f.check: f for f in judge(record).failures}
+    assert by_check["optimizer"].kinds == ("tracks-unintended",)
+    assert by_check["grads"].in_optimizer is True
+
+
+def test_every_judged_row_states_its_tolerance():
+    stated = judge(base_record()).tolerance
+    assert stated == {"precision": "fp32", **{f: getattr(checks.FP32, f) for f in (
+        "grad_rtol", "grad_atol", "param_rtol", "param_atol", "norm_rtol")}}
+
+
+def test_an_error_keeps_what_the_stack_raised_in_its_own_words():
+    record = base_record()
+    record.error = RankError("RuntimeError", "boom", "", 1, "x.py:1", "step 0: forward/backward", "", 0.0, step=0)
+    assert judge(record).error == {"type": "RuntimeError", "message": "boom"}

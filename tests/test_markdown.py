@@ -208,5 +208,17 @@ def test_the_report_opens_with_how_bad_per_release_silent_first():
     assert md.index("[guide.md](guide.md)") < md.index("## How bad, per framework release") < md.index(
         "## Raw statuses and causes")
     table = section(md, "## How bad, per framework release")
-    assert "| framework release | silent | refused | costly | differs | harness | ok | skipped |" in table
-    assert "| torch | 2 | 1 | 0 | 0 | 0 | 1 | 0 | 2 | 4 |" in table  # the known silent cell is still silent
+    assert "| framework release | silent | refused | costly | unproven | differs | harness | ok | skipped |" in table
+    assert "| torch | 2 | 1 | 0 | 0 | 0 | 0 | 1 | 0 | 2 | 4 |" in table  # the known silent cell is still silent
+
+
+def test_an_unproven_pass_is_never_drawn_as_a_pass_and_says_what_did_not_run():
+    proven = cell(status="pass")
+    unproven = {**cell(status="pass", freeze="all"), "id": "tiny-gpt/torch/ddp/eager/none/all",
+                "unchecked": ["training"]}
+    md = markdown.render(write.build({"torch": ENV}, [proven, unproven]))
+    assert "| none | ✅ |" in md and "| all | ❔ |" in md
+    assert "1 ✅ · 1 ❔" in md
+    not_proven = section(md, "## Not proven")
+    assert "| torch | training: the stack never ran a step" in not_proven
+    assert "`tiny-gpt/torch/ddp/eager/none/all`" in not_proven

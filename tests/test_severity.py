@@ -53,3 +53,35 @@ def test_classify_sets_cause_then_severity_on_every_row():
     rows = classify([row("error", message="E: boom", cause="harness"), row("pass")])
     assert [r["severity"] for r in rows] == ["harness", "ok"]
     assert all(r["severity"] in SEVERITIES for r in rows)
+
+
+@pytest.mark.parametrize("unchecked", [["training"], ["grad_norm"], ["resume"], ["grad_norm", "resume"]])
+def test_a_pass_with_a_deciding_check_that_did_not_run_is_unproven_never_ok(unchecked):
+    assert severity.severity_of(row("pass", unchecked=unchecked)) == "unproven"
+    assert severity.severity_of(row("pass", unchecked=unchecked, differences=["x"])) == "unproven"
+
+
+def test_grads_on_params_no_optimizer_holds_are_costly_where_nothing_moves():
+    """ColossalAI's lazy init: wrapping sets requires_grad on frozen params, which then get grads, but the optimizer
+    the user built holds none of them and no weight moves."""
+    lazy = [failure("requires_grad", "x", kinds=["flag-changed"]),
+            failure("grads", "x", kinds=["spurious"], params=["emb"], in_optimizer=False)]
+    assert severity.severity_of(row("fail", lazy)) == "costly"
+    held_in_optimizer = [failure("grads", "x", kinds=["spurious"], params=["emb"], in_optimizer=True)]
+    assert severity.severity_of(row("fail", held_in_optimizer)) == "silent"
+    and_the_norm = [*lazy, failure("grad_norm", "x", kinds=["norm-differs"])]
+    assert severity.severity_of(row("fail", and_the_norm)) == "silent"
+
+
+@pytest.mark.parametrize(("failures", "want"), [
+    ([failure("optimizer", kinds=["tracks-unintended"])], "costly"),
+    ([failure("optimizer", kinds=["misses-trained"])], "silent"),
+    ([failure("resume", kinds=["raised"], raised=True)], "refused"),
+    ([failure("resume", kinds=["flag-after-load", "tracks-more-after-load"])], "costly"),
+    ([failure("resume", kinds=["flag-after-load", "not-saved"])], "silent"),
+])
+def test_severity_reads_the_kinds_not_the_words(failures, want):
+    """Rewording (here: reversing) every message leaves every severity as it was."""
+    reworded = [{**f, "message": "optimizer misses; resume: load: E: x"[::-1]} for f in failures]
+    assert severity.severity_of(row("fail", failures)) == want
+    assert severity.severity_of(row("fail", reworded)) == want

@@ -176,7 +176,8 @@ class MatrixRun:
                          rendezvous_retries=run.rendezvous_retries or None, phases_s=_phases(run, judge_s),
                          group_kept=all(s.record is not None and s.record.group_kept for s in run.ranks) or None,
                          convention=verdict.convention, differences=verdict.differences,
-                         round_trip_of=verdict.round_trip_of, **facts)
+                         round_trip_of=verdict.round_trip_of, unchecked=verdict.unchecked,
+                         tolerance=verdict.tolerance, error=verdict.error, **facts)
         return self._annotated(record)
 
     def skip_record(self, cell: Cell, repro: str) -> dict[str, Any]:
@@ -184,6 +185,7 @@ class MatrixRun:
 
     def _annotated(self, record: CellRecord) -> dict[str, Any]:
         """The row as JSON, tied to the registry entry that explains it (its raw status never changes)."""
+        record.commit = self.environment(record.environment)["run"].get("commit")
         row = record.to_json()
         row["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
         row["severity"] = severity.severity_of(row)  # the fold sets it again once `cause` knows the harness

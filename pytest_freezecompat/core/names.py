@@ -26,6 +26,18 @@ USER_AXES = ("model", "freeze")
 ID_SEPARATOR = "/"
 #: The checks a cell's verdict is made of, in the order they are reported.
 CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update", "resume")
+#: What a failed check found, by check: a closed list the verdict writes on each failure (`kinds`), so that severity,
+#: cause and the registry read facts and a message can be reworded freely.
+FAILURE_KINDS = {
+    "requires_grad": ("flag-changed",),
+    "optimizer": ("tracks-unintended", "misses-trained"),
+    "grads": ("no-grad", "zeroed", "spurious", "partial", "nonfinite", "differs", "ranks-differ"),
+    "grad_norm": ("norm-differs",),
+    "update": ("held-moved", "update-differs", "steps-missing", "ranks-differ"),
+    "resume": ("raised", "flag-after-load", "tracks-more-after-load", "tracks-less-after-load", "not-saved",
+               "state-not-saved", "loaded-differs", "resumed-incomplete", "resumed-grads", "resumed-update",
+               "resumed-norm"),
+}
 #: Where the optimizer holds a subset of the trainable params, users write the loop in more than one correct way;
 #: the reference runs each and a cell passes if its weights follow one. The canonical loop zeroes through the
 #: optimizer (grads of params outside it accumulate) and clips over every grad; the others zero every model grad,
@@ -35,9 +47,11 @@ MODEL_ZERO_GRAD_LOOP = "model.zero_grad(), clip over every grad"
 CLIP_OPTIMIZED_LOOP = "clip over the optimizer's params"
 LOOP_CONVENTIONS = (CANONICAL_LOOP, MODEL_ZERO_GRAD_LOOP, CLIP_OPTIMIZED_LOOP)
 #: How bad a cell is for the user who trains that way (`verdict.severity` decides), worst first: every table leads
-#: with them in this order. Red is `silent` or `refused` only.
-SEVERITIES = ("silent", "refused", "costly", "differs", "harness", "ok", "skipped")
+#: with them in this order. Red is `silent` or `refused` only; safe is `ok` or `differs` only (every check ran and
+#: held): `unproven` passed what ran, but a check that decides the verdict did not run on that cell.
+SEVERITIES = ("silent", "refused", "costly", "unproven", "differs", "harness", "ok", "skipped")
 HARMFUL = ("silent", "refused")
+SAFE = ("differs", "ok")
 #: What each severity means for the user, in the words every report uses (`verdict.severity`): the report's
 #: glossary, its filter labels and `advise`.
 SEVERITY_MEANING = {
@@ -46,9 +60,18 @@ SEVERITY_MEANING = {
     "refused": "the stack raised or hung: loud, the user knows",
     "costly": "the weights are right, but the stack pays for frozen params (its optimizer holds them) or a flag "
               "changed without reaching a weight",
+    "unproven": "nothing failed, but a check that decides the verdict did not run on this cell (it says which): "
+                "not safe until it does",
     "differs": "passes: only what reaches no weight differs from the canonical loop, under another correct loop",
     "harness": "our own code failed: says nothing about the stack",
     "ok": "every check held", "skipped": "not run (a one-line reason says why)"}
+#: What a cell that passed may not have checked (`CellRecord.unchecked`): a check that decides the verdict but did
+#: not run on that cell makes it `unproven`, never `ok`. A closed list; the words are what every format shows.
+UNCHECKED = {
+    "training": "training: the stack never ran a step (it refused before the first one, with nothing to train)",
+    "grad_norm": "clipping: the stack reports no clip norm to compare with the reference's",
+    "resume": "resume: no save -> load round trip ran on this cell",
+}
 #: The freeze-pattern group that stands for every parameter of a model.
 ALL_GROUP = "all"
 

@@ -222,8 +222,16 @@ class CellRecord:
     #: The cell whose save -> load round trip this one cites (its round-trip group's, run once): its `resume`
     #: result and `resume_api` are that cell's.
     round_trip_of: str | None = None
-    #: How bad it is for the user (`verdict.severity`): silent, refused, costly, differs, harness, ok, skipped.
+    #: How bad it is for the user (`verdict.severity`): `core.names.SEVERITIES`.
     severity: str | None = None
+    #: Checks that decide the verdict but did not run on this cell (`core.names.UNCHECKED`): a pass is `unproven`.
+    unchecked: list[str] = field(default_factory=list)
+    #: How the steps were judged (`verdict.checks.stated_tolerance`); None where no step was judged (a refusal).
+    tolerance: dict[str, Any] | None = None
+    #: error: what the stack raised first, in its own words ({type, message}); `verdict.cause` compares it.
+    error: dict[str, str] | None = None
+    #: The commit of this package the cell ran at (`-dirty`: with uncommitted changes), so a stitched report shows it.
+    commit: str | None = None
 
     @property
     def id(self) -> str:
@@ -235,11 +243,12 @@ class CellRecord:
         del data["key"]
         for optional in ("emulated", "pool_start_s", "raised_in", "cause", "rule_known_issue", "known_issue",
                          "rendezvous_retries", "phases_s", "group_kept", "user_model", "resume_api", "convention",
-                         "round_trip_of", "severity"):
+                         "round_trip_of", "severity", "tolerance", "error", "commit"):
             if data[optional] is None:
                 del data[optional]
-        if not data["differences"]:
-            del data["differences"]
+        for listed in ("differences", "unchecked"):
+            if not data[listed]:
+                del data[listed]
         return data
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.names import HARMFUL
+from ..core.names import HARMFUL, UNCHECKED
 from ..core.records import STATUSES, display_status
 from ..verdict.severity import severity_of
 from .releases import release_order
@@ -34,6 +34,24 @@ _KEY_FIELDS = ("framework", "model", "init", "clip", "freeze", "plugin", "checkp
 def severity(cell: Cell) -> str:
     """A row's severity; rows of reports written before it are classified on the spot (the same pure rule)."""
     return cell.get("severity") or severity_of(cell)
+
+
+def unchecked_text(cell: Cell) -> list[str]:
+    """What a cell did not check, in the words every format uses (`core.names.UNCHECKED`)."""
+    return [UNCHECKED.get(what, what) for what in cell.get("unchecked") or ()]
+
+
+def tolerance_text(cell: Cell) -> str | None:
+    """How a row's steps were judged, on one line: the fp32 tolerances, and a low precision's measured room."""
+    tol = cell.get("tolerance")
+    if not tol:
+        return None
+    text = (f"{tol['precision']}: grads rtol {tol['grad_rtol']:g} atol {tol['grad_atol']:g}; params rtol "
+            f"{tol['param_rtol']:g} atol {tol['param_atol']:g}; clip norm rtol {tol['norm_rtol']:g}")
+    if "spread_factor" in tol:
+        text += (f"; plus {tol['spread_factor']:g}x the precision's measured spread (widest relative grad spread "
+                 f"{tol['widest_relative_grad_spread']:.2e} of each tensor's scale)")
+    return text
 
 
 def untied(cell: Cell) -> bool:

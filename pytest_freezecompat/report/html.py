@@ -30,6 +30,8 @@ from . import grid, releases
 
 #: Raw status -> glyph. The glyph always shows the raw status; colour shows the display status.
 GLYPHS = {"pass": "✓", "fail": "✗", "error": "!", "timeout": "◷", "crash": "†", "skip": "–"}
+#: A pass whose deciding check did not run never shows the pass's tick.
+UNPROVEN_GLYPH = "?"
 DISPLAY_HELP = {
     "pass": "every check held", "fail": "ran, a check failed", "error": "raised", "timeout": "hung",
     "crash": "a rank died", "skip": "not runnable here",
@@ -53,7 +55,7 @@ SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
              ("check", "s"), ("emulation", "v"), ("precision", "s"), ("world_size", "v"), ("duration_s", "v"),
              ("grad_access", "s"), ("grad_norm_source", "s"), ("resume", "s"), ("resume_api", "s"),
              ("round_trip_of", "s"), ("message", "s"), ("notes", "S"), ("severity", "s"), ("convention", "s"),
-             ("differences", "S"),
+             ("differences", "S"), ("unchecked", "S"), ("tolerance", "s"),
              ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]"),
              ("instead", "[instead]"), ("workarounds", "[workaround]")),
     "instead": (("change", "s"), ("cell", "s"), ("severity", "s")),
@@ -149,7 +151,8 @@ class _Payload:
     def encode(self, cells: list[dict[str, Any]], plugins: tuple[str, ...]) -> dict[str, Any]:
         """`plugins`: the page's plugin columns, by the index their `data-p` attribute holds."""
         rows = [self.row({**cell, "display": display_status(cell), "resume": grid.round_trip(cell),
-                          "severity": grid.severity(cell),
+                          "severity": grid.severity(cell), "unchecked": grid.unchecked_text(cell),
+                          "tolerance": grid.tolerance_text(cell),
                           "instead": [{**found, "change": change_text(found["changes"])}
                                       for found in cell.get("instead") or []],
                           "workarounds": [{**proof, "outcome": outcome(proof)}
@@ -181,7 +184,8 @@ def _square(cell: dict[str, Any], index: int, mark_emulation: bool) -> dict[str,
     return {"i": index, "css": f"sev-{grid.severity(cell)}" + REGISTRY_BADGES.get(display, "")
             + (" emu" if mark_emulation and cell.get("emulation") else "")
             + (" rs" if grid.round_trip(cell) == "failed" else ""),
-            "display": display, "cause": cell.get("cause") or "", "glyph": GLYPHS[cell["status"]]}
+            "display": display, "cause": cell.get("cause") or "",
+            "glyph": UNPROVEN_GLYPH if grid.severity(cell) == "unproven" else GLYPHS[cell["status"]]}
 
 
 def _section(section: grid.Section, index: dict[str, int], plugin_index: dict[str, int]) -> dict[str, Any]:

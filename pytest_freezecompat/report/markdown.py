@@ -15,13 +15,16 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip
+from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, UNCHECKED, clip
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
 Cell = grid.Cell
 SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱️", "crash": "☠️", "skip": "⏭️"}
 EMULATION_MARK = "ᴱ"
+#: Where the raw status's symbol would say more than the run proved, or draw a cost like harm: a pass with a
+#: deciding check not run (`unproven`), a fail that reaches no weight (`costly`).
+SEVERITY_SYMBOLS = {"unproven": "❔", "costly": "💲"}
 #: Beside the raw status symbol, which stays visible: a known upstream issue explains it / a known issue expected
 #: it to break but it passed.
 REGISTRY_MARKS = {"known": "ᴷ", "fixed?": "ᶠ"}
@@ -64,15 +67,18 @@ def _mark(cell: Cell | None) -> str:
     """One mark per table cell: the raw status, why it is red, and the registry's word on it."""
     if cell is None:
         return ABSENT
-    return (SYMBOLS[cell["status"]] + CAUSE_MARKS.get(cell.get("cause") or "", "")
+    symbol = SEVERITY_SYMBOLS.get(grid.severity(cell), SYMBOLS[cell["status"]])
+    return (symbol + CAUSE_MARKS.get(cell.get("cause") or "", "")
             + REGISTRY_MARKS.get(display_status(cell), "") + (RESUME_MARK if grid.round_trip(cell) == "failed" else ""))
 
 
 def _tally(cells: list[Cell]) -> str:
-    """`40 ✅ · 3 ❌ · 8 ᴷ · 6 ⏭️`: passes, unexplained red by raw status, known, skipped."""
+    """`40 ✅ · 2 ❔ · 3 ❌ · 8 ᴷ · 6 ⏭️`: proven passes, unproven ones, unexplained red by status, known, skipped."""
     counts = Counter(_kind(c) for c in cells)
+    unproven = sum(_kind(c) == "pass" and grid.severity(c) == "unproven" for c in cells)
     red = Counter(c["status"] for c in cells if _kind(c) == "red")
-    parts = [(counts["pass"], SYMBOLS["pass"]), (counts["fixed?"], SYMBOLS["pass"] + REGISTRY_MARKS["fixed?"]),
+    parts = [(counts["pass"] - unproven, SYMBOLS["pass"]), (unproven, SEVERITY_SYMBOLS["unproven"]),
+             (counts["fixed?"], SYMBOLS["pass"] + REGISTRY_MARKS["fixed?"]),
              *((red[s], SYMBOLS[s]) for s in FAILING), (counts["known"], REGISTRY_MARKS["known"]),
              (counts["skip"], SYMBOLS["skip"])]
     return " · ".join(f"{n} {symbol}" for n, symbol in parts if n)
@@ -86,12 +92,17 @@ def _cells(section: grid.Section) -> list[Cell]:
 def _legend() -> str:
     statuses = " · ".join(f"{symbol} {status}" for status, symbol in SYMBOLS.items())
     causes = " · ".join(f"{CAUSE_MARKS[c]} {_CAUSE_SHORT[c]}" for c in grid.CAUSES)
-    return (f"**Legend** — {statuses} · {ABSENT} not in the matrix; red is fail, error, timeout or crash. After a "
-            f"red mark, why, against its column's nothing-frozen control: {causes}. {REGISTRY_MARKS['known']} a "
-            f"known upstream issue explains it (an xfail) · {REGISTRY_MARKS['fixed?']} passed though a known issue "
-            f"expects it to fail (the entry may be stale). {RESUME_MARK} its save → load round trip failed "
-            f"(check `resume`: saved after step 0, loaded into a fresh model, it did not go on as the uninterrupted "
-            f"run). {EMULATION_MARK} on a plugin: it ran on CPU behind a CUDA-on-CPU shim (emulation).")
+    unproven, costly = SEVERITY_SYMBOLS["unproven"], SEVERITY_SYMBOLS["costly"]
+    return (f"**Legend** — {statuses} · {ABSENT} not in the matrix. {unproven} in place of {SYMBOLS['pass']}: "
+            "nothing failed, but a check that decides the verdict did not run (unproven, not safe); "
+            f"{costly} in place of {SYMBOLS['fail']}: a fail that reaches no weight (costly). Red is silent or "
+            f"refused: every other {SYMBOLS['fail']}, {SYMBOLS['error']}, {SYMBOLS['timeout']} and "
+            f"{SYMBOLS['crash']}. After a red mark, why, against its column's nothing-frozen control: {causes}. "
+            f"{REGISTRY_MARKS['known']} a known upstream issue explains it (an xfail) · {REGISTRY_MARKS['fixed?']} "
+            "passed though a known issue expects it to fail (the entry may be stale). "
+            f"{RESUME_MARK} its save → load round trip failed (check `resume`: saved after step 0, loaded into a "
+            f"fresh model, it did not go on as the uninterrupted run). {EMULATION_MARK} on a plugin: it ran on CPU "
+            "behind a CUDA-on-CPU shim (emulation).")
 
 
 def _counts(sections: list[grid.Section]) -> list[str]:
@@ -113,7 +124,7 @@ def _counts(sections: list[grid.Section]) -> list[str]:
 
 def _harm(sections: list[grid.Section]) -> list[str]:
     """The first table: per framework release, how bad its cells are for the user, silent harm first."""
-    lines = ["| framework release | " + " | ".join(SEVERITIES) + " | red not explained | cells |",
+    lines = ["| framework release | " + " | ".join(SEVERITIES) + " | unexplained | cells |",
              "|---" * (len(SEVERITIES) + 3) + "|"]
     for section in sections:
         lines.append(f"| {_inline(section.framework)} | "
@@ -123,8 +134,25 @@ def _harm(sections: list[grid.Section]) -> list[str]:
     lines.append("| **all** | " + " | ".join(f"**{total[v]}**" for v in SEVERITIES)
                  + f" | **{sum(s.untied for s in sections)}** | **{sum(s.cells for s in sections)}** |")
     words = "; ".join(f"**{v}**: {SEVERITY_MEANING[v]}" for v in SEVERITIES)
-    return [*lines, "", f"{words}. Red is `silent` or `refused` only. *Red not explained*: red cells that no "
-                        "registry entry or finding explains (a `silent` cell an entry explains is still `silent`)."]
+    return [*lines, "", f"{words}. Red is `silent` or `refused` only; safe is `ok` or `differs` only. "
+                        "*Unexplained*: red cells that no registry entry or finding explains (a `silent` cell an entry "
+                        "explains is still `silent`)."]
+
+
+def _unproven(sections: list[grid.Section]) -> list[str]:
+    """Per framework release, what the `unproven` cells did not check, with one cell each to look at."""
+    lines = []
+    for section in sections:
+        unproven = [c for c in _cells(section) if grid.severity(c) == "unproven"]
+        for what in dict.fromkeys(w for c in unproven for w in c.get("unchecked") or ()):
+            alike = [c for c in unproven if what in (c.get("unchecked") or ())]
+            lines.append(f"| {_inline(section.framework)} | {_inline(UNCHECKED.get(what, what))} | {len(alike)} | "
+                         f"`{_inline(alike[0]['id'])}` |")
+    if not lines:
+        return ["Every cell that passed ran every check that decides its verdict."]
+    return ["A cell is `unproven` (❔) where nothing failed but a check that decides the verdict did not run on it; "
+            "no summary counts it as safe.", "", "| framework release | not checked | cells | e.g. |",
+            "|---|---|---|---|", *lines]
 
 
 def _retries(cells: list[Cell]) -> str:
@@ -474,7 +502,8 @@ def render(report: dict[str, Any]) -> str:
            "model: safe, silent harm or refused; for each unsafe box when, why, the fixed-in release and an "
            "alternative the matrix ran and found safe. `freezecompat advise --framework F --plugin P --freeze X` "
            "answers one setup.", "",
-           "## How bad, per framework release", "", *_harm(sections), "", _legend()]
+           "## How bad, per framework release", "", *_harm(sections), "", _legend(), "",
+           "## Not proven", "", *_unproven(sections)]
     for section in sections:
         out += _framework_summary(section, report)
     out += ["", "## Raw statuses and causes", "", *_counts(sections), "", _retries(cells), "", "## Grids"]

@@ -63,7 +63,7 @@ PROOF = Table(required={"workaround": "string", "says": "string"},
 FAILURE = Table(required={"check": "string", "params": STRINGS},
                 optional={"step": "integer", "message": "string", "on_held_params": "boolean",
                           "params_kind": STRING_OR_NULL, "scale": ("number", "null"), "ranks_combine": STRING_OR_NULL,
-                          "raised": "boolean"})
+                          "raised": "boolean", "kinds": STRINGS, "in_optimizer": "boolean"})
 RANK_ERROR = Table(optional=dict.fromkeys(("type", "message", "where", "phase"), "string"))
 RANK_DETAIL = Table(optional={"rank": "integer", "phase": "string", "error": (RANK_ERROR, "null"), "exit": "string",
                               "traceback": "string", "stack": "string", "log_tail": "string", "emulated": STRINGS})
@@ -78,7 +78,9 @@ CELL = Table(
               "finished_at": "string", "rendezvous_retries": "integer",
               "phases_s": Table(), "group_kept": "boolean", "user_model": "boolean", "resume_api": "string",
               "round_trip_of": "string", "convention": "string", "differences": STRINGS, "severity": "string",
-              "instead": ListOf(INSTEAD), "workarounds": ListOf(PROOF),
+              "instead": ListOf(INSTEAD), "workarounds": ListOf(PROOF), "unchecked": STRINGS, "tolerance": Table(),
+              "error": Table(required={"type": "string", "message": "string"}),
+              "commit": "string",
               **dict.fromkeys(LATER_AXES, "string")})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's

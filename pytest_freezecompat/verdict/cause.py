@@ -1,7 +1,7 @@
 """Why a cell is red: freezing, the stack, both, or our own harness (a differential verdict).
 
-Every cell is compared with its column's control: the cell of the same model, framework, plugin, init
-and checkpoint with nothing frozen (`none`). Pure and stdlib-only, on report rows: it runs where a report
+Every cell is compared with its column's control: the cell of the same model, framework release, plugin, init,
+checkpoint and clip with nothing frozen (`none`). Pure and stdlib-only, on report rows: it runs where a report
 is written (the run) and where shards are merged (`freezecompat merge`).
 
   freeze   the control passes; or the cell fails on requires_grad, on the optimizer set, or on a param
@@ -21,7 +21,7 @@ from ..core.records import FAILING, with_later_axes
 CAUSES = ("freeze", "stack", "both", "harness")
 CONTROL = "none"
 FREEZE_CHECKS = ("requires_grad", "optimizer")
-_COLUMN = ("model", "framework", "plugin", "init", "checkpoint", "clip")
+_COLUMN = ("model", "framework", "release", "plugin", "init", "checkpoint", "clip")
 
 Row = dict[str, Any]
 
@@ -32,7 +32,10 @@ def _freeze_specific(row: Row) -> bool:
 
 
 def _error_text(row: Row) -> str:
-    """`Type: message` without the rank, phase and place (which differ between echoes of one failure)."""
+    """What the stack raised, in its own words, without the rank, phase and place (which differ between echoes of
+    one failure); a row written before the verdict recorded `error` has it only inside its message."""
+    if "error" in row:
+        return f"{row['error']['type']}: {row['error']['message']}"
     return row["message"].split(" (rank ", 1)[0]
 
 

@@ -110,6 +110,8 @@ class Problem:
     scale: float | None = None  # grads: the one factor every differing grad is of the reference's
     ranks_combine: str | None = None  # grad_norm: "l2" where the ranks' own norms combine to the reference's
     raised: bool = False  # resume: the save, the load or a resumed step raised (loud), rather than differed
+    #: What it found, as `FAILURE_KINDS` (severity, cause and the registry read these, never `text`).
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,17 @@ class CheckFailure:
     scale: float | None = None
     ranks_combine: str | None = None
     raised: bool | None = None  # resume: the round trip raised (the cell's severity is then `refused`)
+    #: What it found at any step, as `FAILURE_KINDS`, in the order first found.
+    kinds: tuple[str, ...] = ()
+    #: Whether a param it names is in the optimizer the stack built (None: it names none): a grad on a param no
+    #: optimizer holds reaches no weight in the loop that ran.
+    in_optimizer: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {"check": self.check, "step": self.step, "message": self.message, "params": list(self.params),
-                "on_held_params": self.on_held_params}
+                "on_held_params": self.on_held_params, "kinds": list(self.kinds)}
         facts = {"params_kind": self.params_kind, "scale": self.scale, "ranks_combine": self.ranks_combine,
-                 "raised": self.raised}
+                 "raised": self.raised, "in_optimizer": self.in_optimizer}
         return {**data, **{k: v for k, v in facts.items() if v is not None}}
 
 
@@ -168,6 +175,12 @@ class Verdict:
     round_trip: RoundTrip | None = None
     #: The cell whose round trip this verdict took as its own (`judge`'s `cited`).
     round_trip_of: str | None = None
+    #: Checks that decide the verdict but did not run on this cell (`core.names.UNCHECKED`): a pass is `unproven`.
+    unchecked: list[str] = field(default_factory=list)
+    #: The tolerances the steps were judged with (`stated_tolerance`); None where no step was judged.
+    tolerance: dict[str, Any] | None = None
+    #: error: what the stack raised first, in its own words ({type, message}): what `cause` compares.
+    error: dict[str, str] | None = None
 
 
 #: The phases our own code runs in (the pool's rendezvous, the probes' reads, the reference, the scenario's setup).
@@ -232,18 +245,21 @@ def _check_flags(records: list[RankRecord], trainable: set[str]) -> Problem | No
                 changed[name] = f"{name} ({name in trainable}->{flag})"
     if not changed:
         return None
-    return Problem(f"requires_grad changed by wrapping: {_names(changed.values())}", tuple(sorted(changed)))
+    return Problem(f"requires_grad changed by wrapping: {_names(changed.values())}", tuple(sorted(changed)),
+                   kinds=("flag-changed",))
 
 
 def _check_tracked(records: list[RankRecord], optimized: set[str]) -> Problem | None:
     tracked = set().union(*(set(r.tracked or ()) for r in records))
     extra, missing = tracked - optimized, optimized - tracked
-    parts = []
+    parts, kinds = [], []
     if extra:
         parts.append(f"optimizer tracks {len(extra)} unintended: {_names(extra)}")
+        kinds.append("tracks-unintended")
     if missing:
         parts.append(f"optimizer misses {len(missing)}: {_names(missing)}")
-    return Problem("; ".join(parts), tuple(sorted(extra | missing))) if parts else None
+        kinds.append("misses-trained")
+    return Problem("; ".join(parts), tuple(sorted(extra | missing)), kinds=tuple(kinds)) if parts else None
 
 
 def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Tolerance, room: Room,
@@ -272,16 +288,19 @@ def _check_grads(step: int, got: dict[str, Any], ref: dict[str, Any], tol: Toler
             differing.append((have, want))
     if zero_filled:
         notes.append(f"step {step}: zero-filled grad where the reference has none: {_names(zero_filled)}")
-    problems = [(missing, "no grad on trainable"), (zeroed, "all-zero grad where the reference has one"),
-                (spurious, "grad on param that should get none"),
-                (partial, "grad not full"), (nonfinite, "non-finite grad"), (differ, "grad differs from reference")]
-    found = [f"{what}: {_names(names)}" for names, what in problems if names]
+    problems = [(missing, "no-grad", "no grad on trainable"),
+                (zeroed, "zeroed", "all-zero grad where the reference has one"),
+                (spurious, "spurious", "grad on param that should get none"),
+                (partial, "partial", "grad not full"), (nonfinite, "nonfinite", "non-finite grad"),
+                (differ, "differs", "grad differs from reference")]
+    found = [f"{what}: {_names(names)}" for names, _, what in problems if names]
     params = sorted({*missing, *zeroed, *spurious, *nonfinite, *named})
     if not found:
         return None
     only_differ = len(found) == 1 and bool(differ)
     return Problem(f"step {step}: " + "; ".join(found), tuple(params),
-                   scale=_uniform_scale(differing, tol.grad_atol) if only_differ else None)
+                   scale=_uniform_scale(differing, tol.grad_atol) if only_differ else None,
+                   kinds=tuple(kind for names, kind, _ in problems if names))
 
 
 def _check_norm(step: int, got: StepFacts, peers: list[float | None], want: float, tol: Tolerance, room: Room,
@@ -298,7 +317,7 @@ def _check_norm(step: int, got: StepFacts, peers: list[float | None], want: floa
     shards = len(peers) > 1 and all(p is not None for p in peers) and bool(
         np.isclose(np.sqrt(sum(p * p for p in peers)), want, rtol=tol.norm_rtol, atol=atol))
     return Problem(f"step {step}: grad norm {norm:.6g} ({source}) != reference {want:.6g}", (),
-                   ranks_combine="l2" if shards else None)
+                   ranks_combine="l2" if shards else None, kinds=("norm-differs",))
 
 
 def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: dict[str, Any],
@@ -325,13 +344,15 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
             if off.any():
                 differ.append(f"{name} (max abs diff {np.max(diff[off]):.2e})")
                 named.append(name)
-    found = []
+    found, kinds = [], []
     if moved_frozen:
         found.append(f"param that must stay fixed changed: {_names(moved_frozen)}")
+        kinds.append("held-moved")
     if differ:
         found.append(f"update differs from reference: {_names(differ)}")
+        kinds.append("update-differs")
     params = tuple(sorted({*moved_frozen, *named}))
-    return Problem(f"step {step}: " + "; ".join(found), params) if found else None
+    return Problem(f"step {step}: " + "; ".join(found), params, kinds=tuple(kinds)) if found else None
 
 
 def _earliest(errors: list[RankError]) -> RankError:
@@ -394,30 +415,34 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
     raised = [r.resume.error for r in records if r.resume is not None and r.resume.error is not None]
     if raised:
         err = _earliest(raised)
-        return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", (), raised=True)
+        return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", (), raised=True,
+                       kinds=("raised",))
     lead, names, trainable = records[0], set(plan.names), set(plan.trainable)
     outside = trainable - set(plan.optimized)
     found: list[str] = []
+    kinds: list[str] = []
     named: set[str] = set()
 
-    def finding(text: str, params: Iterable[str]) -> None:
+    def finding(kind: str, text: str, params: Iterable[str]) -> None:
         params = sorted(params)
         found.append(f"{text}: {_names(params)}")
+        kinds.append(kind)
         named.update(params)
 
     changed = {n for r in records for n, flag in ((r.resume.requires_grad or {}) if r.resume else {}).items()
                if flag != (n in trainable)}
     if changed:
-        finding("requires_grad after load differs from the freeze pattern", changed)
+        finding("flag-after-load", "requires_grad after load differs from the freeze pattern", changed)
     before = set().union(*(set(r.tracked or ()) for r in records))
     after = set().union(*(set(r.resume.tracked or ()) for r in records if r.resume))
     if after - before:
-        finding("the resumed optimizer tracks what it did not before the save", after - before)
+        finding("tracks-more-after-load", "the resumed optimizer tracks what it did not before the save",
+                after - before)
     if before - after:
-        finding("the resumed optimizer no longer tracks", before - after)
+        finding("tracks-less-after-load", "the resumed optimizer no longer tracks", before - after)
     expected_in_files = trainable if resume.saved_trainable_only else names
     if resume.saved_params is not None and expected_in_files - set(resume.saved_params):
-        finding("not in the saved files", expected_in_files - set(resume.saved_params))
+        finding("not-saved", "not in the saved files", expected_in_files - set(resume.saved_params))
     saved_at = lead.steps[resume.saved_after]
     if resume.saved_state is not None:
         # Stepped: it had a grad the optimizer could use. An all-zero grad on a param that did not move (a
@@ -426,7 +451,7 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         stepped = {n for n in before & names if (grad := (saved_at.grads or {}).get(n)) is not None
                    and (np.any(grad) or not np.array_equal((saved_at.params or {}).get(n), initial.get(n)))}
         if stepped - set(resume.saved_state):
-            finding("no optimizer state in the saved files for a param the optimizer stepped",
+            finding("state-not-saved", "no optimizer state in the saved files for a param the optimizer stepped",
                     stepped - set(resume.saved_state))
         kept = set(resume.saved_state) & (names - trainable)
         if kept:
@@ -442,6 +467,7 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
             differ.append(f"{name} (max abs diff {np.max(np.abs(have - want)):.2e})")
     if differ:
         found.append(f"after load, values differ from what was saved: {_names(differ)}")
+        kinds.append("loaded-differs")
         named.update(d.split(" (", 1)[0] for d in differ)
     for step in range(resume.saved_after + 1, len(lead.steps)):
         want_step = resumed_expectation(lead.steps[step], (lead.reference or [])[step],
@@ -450,21 +476,25 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         got = resume.steps[step] if step < len(resume.steps) else StepFacts()
         if got.params is None:
             found.append(f"the resumed run did not reach the end of step {step}")
+            kinds.append("resumed-incomplete")
             break
         room = rooms.get(step, Room())
-        for problem in (_check_grads(step, _without(got.grads, outside), _without(want_step.grads, outside), tol,
-                                     room, []),
-                        _check_update(step, got.params, want_step.params or {}, lead.steps[step - 1].params or {},
-                                      tol, room, {}, lr)):
+        for kind, problem in (
+                ("resumed-grads", _check_grads(step, _without(got.grads, outside), _without(want_step.grads, outside),
+                                               tol, room, [])),
+                ("resumed-update", _check_update(step, got.params, want_step.params or {},
+                                                 lead.steps[step - 1].params or {}, tol, room, {}, lr))):
             if problem:
                 found.append("resumed " + problem.text.replace("from reference", "from the uninterrupted run"))
+                kinds.append(kind)
                 named.update(problem.params)
         if clips and got.norm is not None and want_step.norm is not None and not np.isclose(
                 got.norm, want_step.norm, rtol=tol.norm_rtol, atol=1e-7 + room.norm):
             found.append(f"resumed step {step}: grad norm {got.norm:.6g} != uninterrupted {want_step.norm:.6g}")
+            kinds.append("resumed-norm")
     if not found:
         return None
-    return Problem("; ".join(found), tuple(sorted(named)))
+    return Problem("; ".join(found), tuple(sorted(named)), kinds=tuple(dict.fromkeys(kinds)))
 
 
 def _norm_at(record: RankRecord, step: int) -> float | None:
@@ -494,9 +524,10 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         err = _earliest(errors)
         text = f"{err.type}: {err.message} (rank {err.rank}, {err.phase}, {err.where})"
         if may_refuse and err.step is None:
-            return Verdict(Status.PASS, None, f"{REFUSAL_NOTE}: {text}")
+            return Verdict(Status.PASS, None, f"{REFUSAL_NOTE}: {text}", unchecked=["training"])
         ours = is_harness_phase(err.phase) or err.type == FREEZE_CASE_ERROR  # not the stack's doing either way
-        return Verdict(Status.ERROR, None, text, harness=ours, raised_in=stage_of(err.step))
+        return Verdict(Status.ERROR, None, text, harness=ours, raised_in=stage_of(err.step),
+                       error={"type": err.type, "message": err.message})
     lead = records[0]
     if lead.reference is None or lead.plan is None or lead.initial is None:
         return Verdict(Status.ERROR, None, "the adapter finished without reporting its state (no probe.wrapped call)",
@@ -548,6 +579,10 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
             notes.append(f"judged against the loop '{convention}', the closest of the {len(conventions)} correct "
                          "loops tried")
     ran_all = len(lead.steps) == len(lead.reference)
+    unchecked = [what for what, missing in (
+        ("grad_norm", clips and any(step.norm is None for step in lead.steps)),
+        ("resume", ran_all and cited is None and lead.resume is None)) if missing]
+    stated = stated_tolerance(tol, precision, rooms)
     trip_notes: list[str] = []
     if cited is not None:  # its group's round trip, judged on the cell that ran it
         resumed, trip_notes = (cited.problem, list(cited.notes)) if ran_all else (None, [])
@@ -564,12 +599,13 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     cited_id = cited.cell if cited is not None and ran_all else None
     if not failures:
         return Verdict(Status.PASS, None, "", notes, convention=matched, differences=differences, round_trip=judged,
-                       round_trip_of=cited_id)
+                       round_trip_of=cited_id, unchecked=unchecked, tolerance=stated)
     # The earliest step's first check is the root cause; later steps' problems of that check follow it.
     # Every failed check is kept, each with every param it named at any step.
     failures.sort(key=lambda f: (f[0], CHECKS.index(f[1])))
     held = (set(plan.names) - set(plan.trainable)) | (set(plan.names) - set(plan.optimized))
     no_grad = {n for n in plan.names if all((s.grads or {}).get(n) is None for s in lead.reference)} - held
+    tracked = set().union(*(set(r.tracked or ()) for r in records))
     by_check: dict[str, CheckFailure] = {}
     for check in dict.fromkeys(check for _, check, _ in failures):
         mine = [(step, problem) for step, c, problem in failures if c == check]
@@ -577,10 +613,24 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         by_check[check] = CheckFailure(
             check, mine[0][0], " | ".join(problem.text for _, problem in mine), params, bool(held & set(params)),
             _params_kind(params, held, no_grad), mine[0][1].scale,
-            _same([problem.ranks_combine for _, problem in mine]), any(problem.raised for _, problem in mine) or None)
+            _same([problem.ranks_combine for _, problem in mine]), any(problem.raised for _, problem in mine) or None,
+            tuple(dict.fromkeys(kind for _, problem in mine for kind in problem.kinds)),
+            bool(tracked & set(params)) if params else None)
     first = next(iter(by_check.values()))
     return Verdict(Status.FAIL, first.check, first.message, notes, list(by_check.values()), convention=matched,
-                   differences=differences, round_trip=judged, round_trip_of=cited_id)
+                   differences=differences, round_trip=judged, round_trip_of=cited_id, unchecked=unchecked,
+                   tolerance=stated)
+
+
+def stated_tolerance(tol: Tolerance, precision: str, rooms: dict[int, Room]) -> dict[str, Any]:
+    """What a row states of how it was judged: the fp32 tolerances every cell gets, and for a low-precision cell the
+    room its precision's measured spread added (per tensor: `SPREAD_FACTOR` times the step's widest relative grad
+    spread, times the tensor's scale)."""
+    stated: dict[str, Any] = {"precision": precision, **dataclasses.asdict(tol)}
+    if any(room.spread for room in rooms.values()):
+        stated["spread_factor"] = SPREAD_FACTOR
+        stated["widest_relative_grad_spread"] = float(f"{max(room.spread for room in rooms.values()):.3g}")
+    return stated
 
 
 def _without(values: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:
@@ -594,7 +644,8 @@ def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: l
     `at_own_params`: `RankRecord.reference_at_own_params`, or none to judge along the reference's path alone."""
     failures: list[tuple[int, str, Problem]] = []
     if len(lead.steps) < len(ref_steps):
-        failures.append((len(lead.steps), "update", Problem(f"ran {len(lead.steps)} of {len(ref_steps)} steps", ())))
+        failures.append((len(lead.steps), "update", Problem(f"ran {len(lead.steps)} of {len(ref_steps)} steps", (),
+                                                            kinds=("steps-missing",))))
     before = lead.initial or {}
     quiet: dict[str, np.ndarray] = {}
     updates_held = True  # every update so far within tolerance
@@ -649,6 +700,14 @@ def _outside_differences(lead: RankRecord, outside: set[str], tol: Tolerance, ro
 def judge(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | None = None) -> Verdict:
     """The cell's verdict from everything the pool saw, including hangs and crashes; `cited`: the round trip of
     its group it cites (`Cell.round_trip_of`), judged on the cell that ran it."""
+    verdict = _judge_run(run, cell, timeout_s, cited)
+    if verdict.tolerance is None:  # nothing was judged (a refusal, a hang): the tolerances it would have met
+        base = dataclasses.replace(FP32, **(cell.tolerance or {}))
+        verdict.tolerance = stated_tolerance(base, cell.precision, {})
+    return verdict
+
+
+def _judge_run(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | None) -> Verdict:
     may_refuse, lr = cell.pattern.may_refuse, cell.hyper.lr
     if run.outcome is Outcome.DONE:
         return judge_records([s.record for s in run.ranks if s.record is not None], cell.precision, may_refuse,
@@ -678,11 +737,11 @@ def judge(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | None = 
         # lead's record, which holds the reference, never came; the peer's raise is the cell's resume failure.
         err = failed.resume.error
         text = f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where}); left waiting: {stuck}"
-        failure = CheckFailure("resume", failed.resume.saved_after + 1, text, (), raised=True)
+        failure = CheckFailure("resume", failed.resume.saved_after + 1, text, (), raised=True, kinds=("raised",))
         return Verdict(Status.FAIL, "resume", text, failures=[failure])
     base = judge_records([failed], cell.precision, may_refuse)
     return Verdict(Status.ERROR, None, f"{base.message}; left waiting: {stuck}", harness=base.harness,
-                   raised_in=base.raised_in)
+                   raised_in=base.raised_in, error=base.error)
 
 
 def run_facts(run: CellRun, cell: Cell) -> dict[str, Any]:

@@ -1,21 +1,24 @@
 """How bad a cell is for the user who trains it: what reaches the weights, not which check tripped.
 
 Pure and stdlib-only, on report rows (like `cause`): assigned where a row is made and again where shards are
-merged, so an older report gets it too. A registry entry never changes it: a `silent` cell an upstream issue
-explains is still silent.
+merged, so an older report gets it too. It reads the facts the verdict writes (each failure's `kinds`, whether a
+param it names is `in_optimizer`, a pass's `unchecked`), never a message. A registry entry never changes it: a
+`silent` cell an upstream issue explains is still silent.
 
-  silent   no error, yet the weights are wrong: a held param moves, a trained one gets no or a wrong grad or
-           update, the clip norm is wrong, a trained param is missing from the optimizer, a resume loses or
-           alters weights or optimizer state
-  refused  the stack raised (at wrap, in training, in a save or load), crashed or hung: loud, the user knows
-  costly   the weights are right, but the stack pays for what is frozen: its optimizer holds params nothing
-           steps (their state, masters, buffers), or a flag changed without reaching a weight
-  differs  a pass where only what reaches no weight differs from the canonical loop, under another correct
-           loop (`core.names.LOOP_CONVENTIONS`): grads of params no optimizer steps, the clip norm's domain
-  harness  our own code failed: the cell says nothing about the stack
-  ok       a clean pass
-  skipped  not run (planning decided)
-Order is severity order: tables list them so, silent first.
+  silent    no error, yet the weights are wrong: a held param moves, a trained one gets no or a wrong grad or
+            update, the clip norm is wrong, a trained param is missing from the optimizer, a resume loses or
+            alters weights or optimizer state
+  refused   the stack raised (at wrap, in training, in a save or load), crashed or hung: loud, the user knows
+  costly    the weights are right, but the stack pays for what is frozen: its optimizer holds params nothing
+            steps (their state, masters, buffers), grads land on params no optimizer holds, or a flag changed
+            without reaching a weight
+  unproven  nothing failed, but a check that decides the verdict did not run on this cell (`unchecked`)
+  differs   a pass where only what reaches no weight differs from the canonical loop, under another correct
+            loop (`core.names.LOOP_CONVENTIONS`): grads of params no optimizer steps, the clip norm's domain
+  harness   our own code failed: the cell says nothing about the stack
+  ok        a clean pass: every check ran and held
+  skipped   not run (planning decided)
+Order is severity order (`core.names.SEVERITIES`): tables list them so, silent first.
 """
 
 from __future__ import annotations
@@ -23,32 +26,53 @@ from __future__ import annotations
 import re
 from typing import Any
 
-#: Parts of a `resume` failure (`checks._check_resume` joins them with "; ") that change no weight: a flag, or an
-#: optimizer that holds more than it did (it costs memory; a held param it then moves fails the resumed update).
-RESUME_WITHOUT_HARM = ("requires_grad after load differs", "the resumed optimizer tracks what it did not")
+#: Kinds of a failure that change no weight: a flag, an optimizer that holds more than it should (it costs memory;
+#: a held param it then moves fails the update check), the same after a resume.
+WITHOUT_HARM = {"requires_grad": {"flag-changed"}, "optimizer": {"tracks-unintended"},
+                "resume": {"flag-after-load", "tracks-more-after-load"}}
+#: Checks whose failure reaches the weights only through an optimizer that holds a param it names.
+THROUGH_THE_OPTIMIZER = ("grads",)
 
 Row = dict[str, Any]
+
+
+def _kinds(failure: Row) -> set[str]:
+    """The failure's kinds; a row written before the verdict recorded them is read the old way (`_legacy_kinds`)."""
+    return set(failure["kinds"]) if "kinds" in failure else _legacy_kinds(failure)
+
+
 #: How a round trip that raised reads in rows written before the verdict marked it: `<phase>: <Type>: ...`.
-RAISED_TEXT = re.compile(r"^(resume: [a-z ]+|step \d+: [a-z/ ]+): [A-Za-z_][\w.]*: ")
+_LEGACY_RAISED = re.compile(r"^(resume: [a-z ]+|step \d+: [a-z/ ]+): [A-Za-z_][\w.]*: ")
+_LEGACY_RESUME = {"requires_grad after load differs": "flag-after-load",
+                  "the resumed optimizer tracks what it did not": "tracks-more-after-load"}
+
+
+def _legacy_kinds(failure: Row) -> set[str]:
+    """Kinds for a failure of a report written before #47 (no `kinds`): the published report until it is rerun."""
+    check, message = failure["check"], failure.get("message", "")
+    if check == "optimizer":
+        return {"misses-trained"} if "optimizer misses" in message else {"tracks-unintended"}
+    if check == "resume":
+        if failure.get("raised") or ("raised" not in failure and _LEGACY_RAISED.match(message)):
+            return {"raised"}
+        return {next((kind for start, kind in _LEGACY_RESUME.items() if part.startswith(start)), "resumed-update")
+                for part in message.split("; ")}
+    return {"flag-changed"} if check == "requires_grad" else {f"{check}-failed"}
 
 
 def _raised(failure: Row) -> bool:
-    """A round trip that raised (a save or load refused, or a resumed step): the verdict marks it."""
-    if failure["check"] != "resume":
-        return False
-    return bool(failure["raised"]) if "raised" in failure else bool(RAISED_TEXT.match(failure.get("message", "")))
+    """A round trip that raised (a save or load refused, or a resumed step): loud."""
+    return failure["check"] == "resume" and "raised" in _kinds(failure)
 
 
 def _reaches_weights(failure: Row) -> bool:
-    """A failed check whose finding changes what the weights become (or became after a resume)."""
-    check, message = failure["check"], failure.get("message", "")
-    if check in ("grads", "grad_norm", "update"):
-        return True
-    if check == "optimizer":  # a trained param it misses never learns; params it tracks in excess cost memory
-        return "optimizer misses" in message
-    if check == "resume":
-        return not _raised(failure) and any(not part.startswith(RESUME_WITHOUT_HARM) for part in message.split("; "))
-    return False  # requires_grad alone: a flag changed; where it reaches a weight, grads or update fail too
+    """A failed check whose finding changes what the weights become (or became after a resume) in the loop that ran."""
+    check, kinds = failure["check"], _kinds(failure)
+    if _raised(failure):
+        return False
+    if check in THROUGH_THE_OPTIMIZER and failure.get("in_optimizer") is False:
+        return False  # grads on params no optimizer holds: nothing steps them
+    return bool(kinds - WITHOUT_HARM.get(check, set()))
 
 
 def severity_of(row: Row) -> str:
@@ -60,9 +84,9 @@ def severity_of(row: Row) -> str:
     if status in ("error", "crash", "timeout"):
         return "refused"
     if status == "pass":
-        return "differs" if row.get("differences") else "ok"
+        return "unproven" if row.get("unchecked") else "differs" if row.get("differences") else "ok"
     failures = row.get("failures") or []
-    if any(_reaches_weights(f) for f in failures):
+    if not failures or any(_reaches_weights(f) for f in failures):  # a fail that names no check: the worst case
         return "silent"
     if any(_raised(f) for f in failures):
         return "refused"

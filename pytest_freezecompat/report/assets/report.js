@@ -165,7 +165,13 @@
     if (c.duration_s !== null) add(dl, 'duration', c.duration_s + ' s');
     add(dl, 'cause', c.cause);
     add(dl, 'loop judged', c.convention);
+    add(dl, 'tolerance', c.tolerance || 'none stated (a refusal, or a report written before tolerances were stated)');
     body.append(dl);
+    if (c.unchecked.length) {
+      const ul = el('ul');
+      c.unchecked.forEach(u => ul.append(el('li', u)));
+      body.append(el('h3', 'not checked on this cell (unproven: not safe until it is)'), ul);
+    }
     if (c.differences.length) {
       const ul = el('ul');
       c.differences.forEach(d => ul.append(el('li', d)));
