@@ -343,3 +343,31 @@ def test_an_error_keeps_what_the_stack_raised_in_its_own_words():
     record = base_record()
     record.error = RankError("RuntimeError", "boom", "", 1, "x.py:1", "step 0: forward/backward", "", 0.0, step=0)
     assert judge(record).error == {"type": "RuntimeError", "message": "boom"}
+
+
+def test_a_rank_whose_params_drift_from_rank_0s_fails_though_rank_0_matches_the_reference():
+    lead, other = base_record(0), base_record(1)
+    assert checks.judge_records([lead, other], "fp32").status == "pass"
+    other.steps[0].params = {**other.steps[0].params, "w": arr(0.9, 2.01)}  # rank 1 alone stepped differently
+    verdict = checks.judge_records([lead, other], "fp32")
+    assert (verdict.status, verdict.check) == ("fail", "update")
+    assert verdict.failures[0].kinds == ("ranks-differ",)
+    assert "rank 1's params differ from rank 0's: w" in verdict.message
+
+
+def test_a_rank_whose_grads_drift_fails_but_rank_local_grads_outside_the_optimizer_may_differ():
+    lead, other = base_record(0), base_record(1)
+    other.steps[0].grads = {**other.steps[0].grads, "b": arr(0.6)}
+    assert checks.judge_records([lead, other], "fp32").check == "grads"
+    for record in (lead, other):  # b requires grad but no optimizer holds it: its grad may stay rank-local
+        record.plan = PlanFacts(tuple(NAMES), ("w", "b"), ("w",), ())
+        record.tracked = ("w",)
+    lead.steps[0].params["b"] = other.steps[0].params["b"] = lead.initial["b"]
+    lead.reference[0].params["b"] = lead.initial["b"]
+    assert checks.judge_records([lead, other], "fp32").status == "pass"
+
+
+def test_a_rank_whose_tensors_were_not_read_leaves_the_cell_unproven_on_every_rank():
+    lead, other = base_record(0), base_record(1)
+    other.steps[0].params = other.steps[0].grads = None
+    assert checks.judge_records([lead, other], "fp32").unchecked == ["resume", "ranks"]

@@ -71,6 +71,7 @@ UNCHECKED = {
     "training": "training: the stack never ran a step (it refused before the first one, with nothing to train)",
     "grad_norm": "clipping: the stack reports no clip norm to compare with the reference's",
     "resume": "resume: no save -> load round trip ran on this cell",
+    "ranks": "every rank: another rank's grads or params were not read, so only rank 0's were judged",
 }
 #: The freeze-pattern group that stands for every parameter of a model.
 ALL_GROUP = "all"

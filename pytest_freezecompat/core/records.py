@@ -63,7 +63,7 @@ class RankError:
 
 @dataclass
 class StepFacts:
-    """One step as a rank saw it (rank 0 keeps the tensors; the others only the norm)."""
+    """One step as a rank saw it (every rank keeps its training steps' tensors; only rank 0 its resumed ones')."""
 
     grads: dict[str, Any] | None = None
     norm: float | None = None

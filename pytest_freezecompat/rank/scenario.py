@@ -127,10 +127,15 @@ class Recorder:
     def step_started(self, step: int) -> None:
         self.step = step
 
+    def _keeps_tensors(self) -> bool:
+        """Rank 0 keeps every step's tensors; every other rank its training steps' too, so that the controller
+        judges each rank's grads and params against rank 0's (a replica that drifts is as wrong as rank 0)."""
+        return self.rank == 0 or not self.resumed
+
     def after_backward(self, step: int, view: ModelView) -> None:
         self.phase(f"step {step}: read grads")
         grads = view.full_grads()
-        if self.rank == 0:
+        if self._keeps_tensors():
             self._step(step).grads = to_numpy(grads)
 
     def clipped(self, step: int, total_norm: float | None, source: str) -> None:
@@ -141,7 +146,7 @@ class Recorder:
     def after_step(self, step: int, view: ModelView) -> None:
         self.phase(f"step {step}: read params")
         params = view.full_params()
-        if self.rank == 0:
+        if self._keeps_tensors():
             self._step(step).params = to_numpy(params)
 
 

@@ -8,6 +8,7 @@ reported:
   grads          after backward: full, finite, equal to the reference; none where the reference has none
   grad_norm      the norm the framework's clipping reported equals the reference's
   update         after step: params that the reference leaves alone are bit-identical, the rest match
+  (every rank)   grads (but those of params outside the optimizer) and params of every other rank match rank 0's
   resume         the model-checkpoint round trip: saved after step 0 through the stack's own API, loaded into a
                  fresh model frozen the same way, it goes on as the uninterrupted run did (flags, optimizer set,
                  saved files, values after load, the next step's grads, norm and update)
@@ -579,9 +580,12 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
             notes.append(f"judged against the loop '{convention}', the closest of the {len(conventions)} correct "
                          "loops tried")
     ran_all = len(lead.steps) == len(lead.reference)
+    failures.extend(_ranks_disagree(records, outside, tol, rooms))
     unchecked = [what for what, missing in (
         ("grad_norm", clips and any(step.norm is None for step in lead.steps)),
-        ("resume", ran_all and cited is None and lead.resume is None)) if missing]
+        ("resume", ran_all and cited is None and lead.resume is None),
+        ("ranks", any(step.params is None for record in records[1:] for step in record.steps[:len(lead.steps)]))
+    ) if missing]
     stated = stated_tolerance(tol, precision, rooms)
     trip_notes: list[str] = []
     if cited is not None:  # its group's round trip, judged on the cell that ran it
@@ -620,6 +624,38 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     return Verdict(Status.FAIL, first.check, first.message, notes, list(by_check.values()), convention=matched,
                    differences=differences, round_trip=judged, round_trip_of=cited_id, unchecked=unchecked,
                    tolerance=stated)
+
+
+def _ranks_disagree(records: list[RankRecord], outside: set[str], tol: Tolerance, rooms: dict[int, Room]
+                    ) -> list[tuple[int, str, Problem]]:
+    """Every other rank's grads and params against rank 0's, step by step, within the cell's tolerances: a replica
+    that drifts from rank 0 (an unsynced unfreeze, a rank-local step) trains wrong weights that rank 0 alone hides.
+    Grads of params outside the optimizer stay rank-local under correct loops and are left out."""
+    found: list[tuple[int, str, Problem]] = []
+    lead = records[0]
+    for record in records[1:]:
+        for step, (mine, theirs) in enumerate(zip(lead.steps, record.steps)):
+            room = rooms.get(step, Room())
+            grads = [name for name, want in _without(mine.grads, outside).items()
+                     if not _agree((theirs.grads or {}).get(name, want), want, tol.grad_rtol,
+                                   tol.grad_atol + room.grad(name))]
+            params = [name for name, want in (mine.params or {}).items()
+                      if not _agree((theirs.params or {}).get(name, want), want, tol.param_rtol,
+                                    tol.param_atol + room.param(name))]
+            for check, names, what in (("grads", grads, "grads"), ("update", params, "params")):
+                if names:
+                    found.append((step, check, Problem(f"step {step}: rank {record.rank}'s {what} differ from rank "
+                                                       f"0's: {_names(names)}", tuple(sorted(names)),
+                                                       kinds=("ranks-differ",))))
+    return found
+
+
+def _agree(have: Any, want: Any, rtol: float, atol: float) -> bool:
+    """Two ranks' views of one tensor: both absent (or all-zero where the other is absent), or close."""
+    if have is None or want is None:
+        present = have if want is None else want
+        return present is None or not np.any(present)
+    return have.shape == want.shape and close(have, want, rtol=rtol, atol=atol)
 
 
 def stated_tolerance(tol: Tolerance, precision: str, rooms: dict[int, Room]) -> dict[str, Any]:
