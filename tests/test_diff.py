@@ -162,3 +162,17 @@ def test_a_cell_whose_framework_moved_release_is_compared_with_itself():
         "m/composer@0.33.0/fsdp1/eager/none/none"].why
     assert changes["m/composer@0.23.5/ddp/eager/none/none"].why == "new cell"  # an older release added beside
     assert "m/composer/ddp/eager/none/none" not in changes and len(changes) == 2
+
+
+def test_the_same_status_judged_otherwise_is_listed_with_what_changed():
+    grads_off_optimizer = [{"check": "grads", "params": ["emb"], "kinds": ["spurious"], "in_optimizer": False}]
+    old = write.build(ENVS, [cell("all"), cell("output", "fail", failures=grads_off_optimizer, severity="silent"),
+                             cell("decoder", "fail", failures=grads_off_optimizer)])
+    new = write.build(ENVS, [cell("all", unchecked=["training"]),
+                             cell("output", "fail", failures=grads_off_optimizer),
+                             cell("decoder", "fail", failures=[{**grads_off_optimizer[0], "in_optimizer": True}])])
+    changes = {c.id.split("/")[-1]: c for c in diff.diff(old, new)}
+    assert changes["all"].why == "severity ok -> unproven" and not changes["all"].regression
+    assert changes["all"].detail.startswith("not checked: training")
+    assert changes["output"].why == "severity silent -> costly" and not changes["output"].regression
+    assert changes["decoder"].why == "severity costly -> silent" and changes["decoder"].regression

@@ -3,7 +3,9 @@
 A regression is what a nightly job must fail on: a cell that passed and now does not (a failure a
 known issue explains included: a release broke it), a cell a known issue explained whose failure
 that issue no longer explains, or a cell missing from the new report. Everything else that changed
-(a fix, a failure that changed form, a new cell) is listed after them and does not fail the job.
+(a fix, a failure that changed form, a new cell) is listed after them and does not fail the job. A cell whose
+raw status held but whose severity or cause changed (a verdict rule, a check that now runs or no longer does) is
+listed too, with both: a severity that turns harmful (`costly` -> `silent`) is a regression.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from ..core.cell import CellKey
+from ..core.names import HARMFUL, UNCHECKED
 from ..core.records import display_status
+from ..verdict.severity import severity_of
 
 MESSAGE_CHARS = 160
 
@@ -52,7 +56,7 @@ def _compare(old: dict[str, Any], new: dict[str, Any]) -> Change | None:
     known_before = old["known_issue"]["id"] if before in ("known", "fixed?") else None
     known_after = new["known_issue"]["id"] if after in ("known", "fixed?") else None
     if before == after and old["status"] == new["status"] and known_before == known_after:
-        return None
+        return _judged_otherwise(old, new)
     detail = _detail(new)
     if old["status"] == "pass" and new["status"] != "pass":
         return Change(new["id"], _label(old), _label(new), True, "passed, now does not", detail)
@@ -69,6 +73,20 @@ def _compare(old: dict[str, Any], new: dict[str, Any]) -> Change | None:
     else:
         why = "status changed"
     return Change(new["id"], _label(old), _label(new), False, why, detail)
+
+
+def _judged_otherwise(old: dict[str, Any], new: dict[str, Any]) -> Change | None:
+    """The same raw status, judged otherwise: its severity or its cause changed."""
+    was, now = old.get("severity") or severity_of(old), new.get("severity") or severity_of(new)
+    parts = [f"severity {was} -> {now}"] if was != now else []
+    if old.get("cause") != new.get("cause"):
+        parts.append(f"cause {old.get('cause') or 'none'} -> {new.get('cause') or 'none'}")
+    if not parts:
+        return None
+    unchecked = [UNCHECKED.get(what, what) for what in new.get("unchecked") or ()]
+    detail = f"not checked: {'; '.join(unchecked)}" if now == "unproven" and unchecked else _detail(new)
+    return Change(new["id"], _label(old), _label(new), now in HARMFUL and was not in HARMFUL, ", ".join(parts),
+                  detail)
 
 
 def _newest(cells: list[dict[str, Any]]) -> dict[str, Any]:
