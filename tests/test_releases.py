@@ -114,10 +114,10 @@ def test_a_rule_release_that_is_no_specifier_is_refused(tmp_path):
         spec.load(path)
 
 
-def row(release, status, known=None, plugin="fsdp1"):
+def row(release, status, known=None, plugin="fsdp1", **extra):
     cell_id = f"m/composer@{release}/{plugin}/eager/none/optimizer-subset"
     return {"id": cell_id, "framework": "composer", "release": release, "status": status,
-            **({"known_issue": {"id": known, "expected": True}} if known else {})}
+            **({"known_issue": {"id": known, "expected": True}} if known else {}), **extra}
 
 
 def test_the_change_across_releases_is_placed_between_the_runs_or_where_a_bisection_found_it():
@@ -134,6 +134,17 @@ def test_the_change_across_releases_is_placed_between_the_runs_or_where_a_bisect
     assert broke.label == "broke after 2.7.1, by 2.13.0"  # versions compare as versions, not strings
     other = releases.across_releases([row("0.23.5", "error", "old-refusal"), row("0.32.1", "error")])[0].changes[0]
     assert other.label == "changed after 0.23.5, by 0.32.1"  # still red, another way: `known` -> `error`
+
+
+def test_what_got_worse_across_releases_is_named_so_and_listed_first():
+    """Megatron's full recompute + all-but-last: refused on 0.8.0, silent on 0.16.1, a regression, not a change."""
+    moved = [{"check": "update", "params": ["w"], "kinds": ["update-differs"]}]
+    rows = [row("0.8.0", "pass", plugin="a"), row("0.16.1", "pass", plugin="a", unchecked=["training"]),
+            row("0.8.0", "fail", plugin="b", failures=moved), row("0.16.1", "pass", plugin="b"),
+            row("0.8.0", "error", plugin="c"), row("0.16.1", "fail", plugin="c", failures=moved)]
+    (table,) = releases.across_releases(rows)
+    assert [(c.cell.split("/")[2], c.label, c.regression) for c in table.changes] == [
+        ("c", "worse after 0.8.0, by 0.16.1", True), ("b", "fixed after 0.8.0, by 0.16.1", False)]
 
 
 def test_final_releases_read_from_pip_index_versions():

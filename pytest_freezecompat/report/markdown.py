@@ -474,8 +474,10 @@ def _across_releases(rows: list[Cell], bisections: list[dict[str, Any]]) -> list
              "releases between and found X first; else the runs place the change between two releases."]
     for table in tables:
         shown = table.changes[:RELEASE_ROWS]
+        worse = sum(change.regression for change in table.changes)
         lines += ["", f"### {_inline(table.framework)}: {' → '.join(map(_inline, table.releases))}", "",
-                  f"{table.cells} cells ran on every release; {len(table.changes)} change status.", ""]
+                  f"{table.cells} cells ran on every release; {len(table.changes)} change status, **{worse} of them "
+                  "for the worse** (broke, or a harm turned worse: listed first).", ""]
         if not shown:
             continue
         lines += ["| cell | " + " | ".join(map(_inline, table.releases)) + " | change | known issue |",

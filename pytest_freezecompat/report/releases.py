@@ -2,7 +2,9 @@
 
 Pure: report rows (and the bisections `freezecompat bisect` recorded) in, the table both reports render out.
 A change between two releases the matrix ran is placed as the runs allow: "fixed in 0.24.0" where a bisection
-found the first release with the new status, else "fixed after 0.23.5, by 0.32.1" (the runs say no more).
+found the first release with the new status, else "fixed after 0.23.5, by 0.32.1" (the runs say no more). What
+broke comes first: a step is named by what it does to the user (`verdict.severity`), so refused -> silent is
+"worse", not merely "changed".
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from ..core.cell import CellKey
+from ..core.names import HARMFUL, SEVERITIES
 from ..core.records import FAILING, display_status
+from ..verdict.severity import severity_of
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class Change:
     statuses: dict[str, str]  # release -> displayed status (`known`, `fixed?`, or the raw one)
     label: str  # "fixed in 0.24.0", "broke after 2.7.1, by 2.13.0", ...
     known_issue: str | None  # the registry entry on the red side, if any
+    #: A step to a newer release made it worse for the user (broke, or a harm turned worse, e.g. refused -> silent).
+    regression: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,10 +54,18 @@ def red(status: str) -> bool:
     return status in (*FAILING, "known")
 
 
+def _verb(old: str, new: str) -> str:
+    """What a step from severity `old` to `new` does to the user."""
+    if (old in HARMFUL) != (new in HARMFUL):
+        return "broke" if new in HARMFUL else "fixed"
+    if old in HARMFUL and old != new:
+        return "worse" if SEVERITIES.index(new) < SEVERITIES.index(old) else "better"
+    return "changed"
+
+
 def _label(before: tuple[str, str], after: tuple[str, str], bisected: str | None) -> str:
-    (older, old_status), (newer, new_status) = before, after
-    verb = "fixed" if red(old_status) and not red(new_status) else "broke" if red(new_status) and not red(
-        old_status) else "changed"
+    (older, old_severity), (newer, new_severity) = before, after
+    verb = _verb(old_severity, new_severity)
     return f"{verb} in {bisected} (bisected)" if bisected else f"{verb} after {older}, by {newer}"
 
 
@@ -65,9 +79,9 @@ def first_changed(bisections: Iterable[dict[str, Any]], cell: str) -> str | None
 
 def across_releases(cells: Iterable[dict[str, Any]], bisections: Iterable[dict[str, Any]] = ()
                     ) -> list[FrameworkReleases]:
-    """Per framework run on two or more releases: the cells whose displayed status differs between them (a fix or
-    a break where red turns pass or back; "changed" where it fails another way: `fail` -> `error`, `known` ->
-    `error`)."""
+    """Per framework run on two or more releases: the cells whose displayed status differs between them, what broke
+    or got worse first (a fix or a break where red turns safe or back, "worse" / "better" where one harm becomes
+    another, "changed" where it fails another way to the same effect: `known` -> `error`)."""
     bisections = list(bisections)
     by_framework: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     for row in cells:
@@ -86,13 +100,16 @@ def across_releases(cells: Iterable[dict[str, Any]], bisections: Iterable[dict[s
             statuses = {r: display_status(per[r]) for r in releases if r in per and per[r]["status"] != "skip"}
             common += len(statuses) == len(releases)
             ordered = [(r, statuses[r]) for r in releases if r in statuses]
-            steps = [(a, b) for a, b in pairwise(ordered) if a[1] != b[1]]
+            harm = {r: per[r].get("severity") or severity_of(per[r]) for r in statuses}
+            steps = [((a, harm[a]), (b, harm[b])) for (a, was), (b, now) in pairwise(ordered) if was != now]
             if not steps:
                 continue
             bisected = first_changed(bisections, same)
             label = "; ".join(_label(a, b, bisected if len(steps) == 1 else None) for a, b in steps)
             known = next((per[r]["known_issue"]["id"] for r, s in ordered
                           if red(s) and (per[r].get("known_issue") or {}).get("id")), None)
-            changes.append(Change(same, statuses, label, known))
+            regression = any(_verb(a[1], b[1]) in ("broke", "worse") for a, b in steps)
+            changes.append(Change(same, statuses, label, known, regression))
+        changes.sort(key=lambda change: not change.regression)  # stable: by cell within each group
         tables.append(FrameworkReleases(framework, releases, common, changes))
     return tables
