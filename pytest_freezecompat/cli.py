@@ -4,8 +4,9 @@
   freezecompat diff OLD.json NEW.json                        cells whose status changed; exit 1 on a regression
   freezecompat bisect --framework FW --select AXIS=V,... --good R --bad R
                                                              the first release where those cells change status
-  freezecompat advise --framework FW --plugin P --freeze PATTERN [--release R] ...
+  freezecompat advise --framework FW --plugin P --freeze PATTERN [--release R] [--model M] ...
                                                              is this setup safe, why not, and what to do instead
+                                                             (leave out --plugin or --freeze: the values held)
 """
 
 from __future__ import annotations
@@ -113,18 +114,13 @@ def _advise(args: argparse.Namespace) -> int:
     report = schema.load(args.report)
     if "workarounds" not in report:  # written before reports carried their advice
         advice.annotate(report)
+    named = {axis: value for axis in nearest.SETUP_AXES if (value := getattr(args, axis))}
+    listing = not {"framework", "plugin", "freeze"} <= named.keys()  # no one setup yet: say what there is to name
     try:
-        cells = nearest.select(report["cells"], {axis: getattr(args, axis) for axis in nearest.SETUP_AXES})
+        cells = nearest.select(report["cells"], named, answering=not listing)
     except nearest.NotInReport as exc:
         raise schema.ReportError(f"{args.report}: {exc}") from None
-    if len(cells) == 1:
-        print("\n".join(answer.lines(cells[0])))
-        return 0
-    print(answer.overview(cells))
-    for group in answer.alike([cell for cell in cells if nearest.severity(cell) not in nearest.SAFE]):
-        print("\n".join(answer.lines(group[0])))
-        if len(group) > 1:
-            print(f"  same in     {', '.join(answer.setup(cell) for cell in group[1:])}")
+    print("\n".join(answer.listing(cells, named) if listing else answer.answer(cells)))
     return 0
 
 
@@ -160,15 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     bisect_cmd.add_argument("--record", default=None, metavar="FILE",
                             help="add the result to this JSON list (reports/bisections.json: the reports show it)")
     bisect_cmd.set_defaults(func=_bisect)
-    advise_cmd = commands.add_parser("advise", help="one setup's verdict in a report, why, and the nearest safe setups")
-    advise_cmd.add_argument("--framework", required=True)
-    advise_cmd.add_argument("--plugin", required=True)
-    advise_cmd.add_argument("--freeze", required=True, metavar="PATTERN")
+    advise_cmd = commands.add_parser(
+        "advise", help="one setup's verdict in a report, why, and the nearest safe setups",
+        description="Is this setup safe, why not, and what to do instead: every setup the report ran of it, every "
+                    "model's (the matrix's, the examples' and your @freeze_case models). Leave out --framework, "
+                    "--plugin or --freeze to list the values the report holds (its frameworks, releases, models, "
+                    "plugins and each model's freeze patterns) for whatever you do name.")
+    advise_cmd.add_argument("--framework", help="e.g. hf, torch, deepspeed, colossalai (leave out: list them)")
+    advise_cmd.add_argument("--plugin", help="how the model is wrapped (leave out: list the framework's)")
+    advise_cmd.add_argument("--freeze", metavar="PATTERN", help="what is frozen (leave out: list each model's)")
     advise_cmd.add_argument("--release", help="the framework's release (default: the report's newest)")
+    advise_cmd.add_argument("--model", help="(default: every model the report ran the setup with)")
     advise_cmd.add_argument("--checkpoint", help="activation checkpointing (default: every mode the report ran)")
     advise_cmd.add_argument("--init", help="(default: every init the report ran)")
     advise_cmd.add_argument("--clip", help="clip or no-clip (default: both where the report ran both)")
-    advise_cmd.add_argument("--model", help="(default: the one model the report has for the framework)")
     advise_cmd.add_argument("--report", default="reports/matrix.json", help="(default: reports/matrix.json)")
     advise_cmd.set_defaults(func=_advise)
     args = parser.parse_args(argv)

@@ -72,17 +72,19 @@ def test_coverage_counts_red_cells_with_a_safe_cell_one_axis_away():
     assert coverage(cells) == (2, 5)
 
 
-def test_select_defaults_to_the_newest_release_and_the_one_model():
-    cells = [row(release="0.4.7"), row(release="0.10.0"), {**row(model="tiny-llama"), "user_model": True}]
+def test_select_defaults_to_the_newest_release_and_every_model_a_user_model_too():
+    user = {**row(model="tiny-llama", release="0.10.0"), "user_model": True}
+    cells = [row(release="0.4.7"), row(release="0.10.0"), user, {**row(model="tiny-llama"), "user_model": True}]
     setup = {"framework": "colossalai", "plugin": "gemini", "freeze": "lora", "checkpoint": "none", "init": "eager",
              "clip": "clip"}
-    assert select(cells, setup) == [row(release="0.10.0")]
+    assert select(cells, setup) == [row(release="0.10.0"), user]
+    assert select(cells, {**setup, "model": "tiny-llama", "release": "0.4.7"}) == [cells[-1]]
 
 
 def test_select_names_the_nearest_values_held():
     cells = [row(plugin="torch-ddp"), row(plugin="gemini-auto"), row(plugin="gemini")]
-    with pytest.raises(NotInReport, match=r"^no plugin 'gemni' for colossalai 0.4.7; it has: gemini, gemini-auto, "
-                                          r"torch-ddp$"):
+    with pytest.raises(NotInReport, match=r"^no plugin 'gemni' for colossalai 0.4.7 model=tiny-gpt; it has: gemini, "
+                                          r"gemini-auto, torch-ddp$"):
         select(cells, {**SETUP, "plugin": "gemni"})
-    with pytest.raises(NotInReport, match=r"several models \(a, b\): name one with --model"):
-        select([row(model="a"), row(model="b")], {**SETUP, "model": None})
+    with pytest.raises(NotInReport, match=r"several plugins \(a, b\): name one with --plugin"):
+        select([row(plugin="a"), row(plugin="b")], {**SETUP, "plugin": None})

@@ -56,8 +56,8 @@ def test_every_setup_of_a_box_when_none_is_named_the_bad_ones_in_full(report, ca
     assert cli(["advise", "--framework", "colossalai", "--plugin", "gemini", "--freeze", "lora", "--release", "0.4.7",
                 "--report", report]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("colossalai 0.4.7 · gemini · freeze lora: 3 setups: 1 silent, 2 ok; the bad ones all have "
-                      "checkpoint=none, init=lazy; each bad one below")
+    assert out[0] == ("colossalai 0.4.7 · gemini · freeze lora · model tiny-gpt: 3 setups: 1 silent, 2 ok; the bad "
+                      "ones all have checkpoint=none, init=lazy; each bad one below")
     assert out[1].startswith("tiny-gpt/colossalai@0.4.7/gemini/lazy/none/lora: SILENT (fail)")
     assert not any(line.startswith("tiny-gpt/colossalai@0.4.7/gemini/eager/") for line in out)  # safe: counted only
 
@@ -108,10 +108,10 @@ def test_the_published_report_answers_lora_on_gemini_0_3_4():
                           cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("colossalai 0.3.4 · gemini · freeze lora: ")
+    assert lines[0].startswith("colossalai 0.3.4 · gemini · freeze lora · model tiny-gpt: ")
     assert "tiny-gpt/colossalai@0.3.4/gemini/eager/non-reentrant/lora: REFUSED (error): the stack raised or hung: " \
            "loud, the user knows" in lines
-    assert "  same in     checkpoint=none init=eager clip=clip, checkpoint=reentrant init=eager clip=clip" in lines
+    assert "  same in     checkpoint=none init=eager, checkpoint=reentrant init=eager" in lines  # what varies
     assert any(line.startswith("  known       colossalai-gemini-frozen-param-hook (upstream)") for line in lines)
     assert "  fixed in    colossalai 0.3.5" in lines
     assert any(line.startswith("  workaround  ") and ": holds here: " in line for line in lines)

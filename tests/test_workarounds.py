@@ -4,7 +4,7 @@ that shows the best one beside each unsafe box."""
 import pytest
 
 from pytest_freezecompat import advice
-from pytest_freezecompat.advice.workarounds import proofs, state, summary
+from pytest_freezecompat.advice.workarounds import outcome, proofs, state, summary
 from pytest_freezecompat.core.declaration import load_declaration
 from pytest_freezecompat.report import guide
 from pytest_freezecompat.spec import known_issues, matrix
@@ -50,6 +50,13 @@ def test_a_workaround_holds_only_where_the_cell_it_leads_to_is_ok():
 def test_a_value_the_framework_lacks_is_no_workaround_for_it_and_a_missing_cell_proves_nothing():
     cells = [red(), row(plugin="fsdp1-orig-params", checkpoint="reentrant")]  # only another setup ran
     assert [(p.workaround, p.proof, p.holds) for p in proofs(cells)] == [("plugin=fsdp1-orig-params", None, None)]
+
+
+def test_an_unproven_cell_proves_no_workaround():
+    found = proofs([red(), row("pass", "unproven", plugin="fsdp1-orig-params")])
+    assert [(p.holds, p.severity) for p in found] == [(None, "unproven")]
+    assert state([p.holds for p in found], [p.severity for p in found]) == "unproven"
+    assert outcome({"holds": None, "severity": "unproven"}).startswith("not proved here (that cell is unproven")
 
 
 def test_fixed_in_leads_to_the_newest_release_held_at_or_after_it():
@@ -192,6 +199,5 @@ def test_advise_says_outright_when_one_change_will_not_do():
 
 def test_a_box_with_both_harms_counts_each():
     cells = (row("fail", "silent", checkpoint="reentrant"), row("error", "refused", init="meta"), row())
-    box = guide.Box("lora", "fsdp1", cells, "silent", 2)
-    assert guide.box_text(box, [1, 2]) == "🟥 1 silent + 🟧 1 refused of 3 [1] [2]"
-    assert guide.box_text(guide.Box("lora", "fsdp1", cells[:1] + cells[2:], "silent", 1), []) == "🟥 silent 1/2"
+    assert guide.box_text(guide.Box("lora", "fsdp1", cells), [1, 2]) == "🟥 1 silent + 🟧 1 refused of 3 [1] [2]"
+    assert guide.box_text(guide.Box("lora", "fsdp1", cells[:1] + cells[2:]), []) == "🟥 silent 1/2"

@@ -1,16 +1,19 @@
 """One setup's answer, as `freezecompat advise` prints it: the verdict, why, the entry that explains it (fixed in),
-what its workarounds do on this very cell, and the nearest safe setups. Lines of text from an annotated report."""
+what its workarounds do on this very cell, and the nearest safe setups; or, for a question not yet narrowed to one
+setup, the values the report holds. Lines of text from an annotated report."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from ..core.names import SEVERITIES, SEVERITY_MEANING
-from .nearest import RED, SAFE, Row, severity
+from ..core.names import SEVERITIES, SEVERITY_MEANING, UNCHECKED
+from .nearest import RED, SAFE, Row, describe, held, severity
 from .workarounds import outcome
 
 #: A terminal line: longer messages are cut, matrix.json has them whole.
 WIDTH = 160
+#: The axes that tell the setups of one question apart (`setup`), the model first where a question spans several.
+VARYING_AXES = ("model", "checkpoint", "init", "clip")
 
 
 def _cut(text: str) -> str:
@@ -26,10 +29,17 @@ def change_text(changes: list[list[str]] | tuple[tuple[str, str, str], ...]) -> 
     return ", ".join(f"{axis} {old or '-'} -> {new}" for axis, old, new in changes)
 
 
+def unchecked(cell: Row) -> list[str]:
+    """What an unproven cell did not check, in `UNCHECKED`'s words (a key it does not know, as it is)."""
+    return [UNCHECKED.get(key, key) for key in cell.get("unchecked") or []]
+
+
 def lines(cell: Row) -> list[str]:
     """What `advise` prints for one cell of an annotated report (`advice.annotate`)."""
     verdict = severity(cell)
-    out = [f"{cell['id']}: {verdict.upper()} ({cell['status']}): {SEVERITY_MEANING[verdict]}"]
+    on_resume = " on resume" if verdict in RED and cell.get("check") == "resume" else ""
+    out = [f"{cell['id']}: {verdict.upper()}{on_resume} ({cell['status']}): {SEVERITY_MEANING[verdict]}"]
+    out += [f"  not checked {what}" for what in unchecked(cell)]
     if why(cell):
         out.append(f"  why         {_cut(why(cell))}")
     known = cell.get("known_issue") or {}
@@ -67,29 +77,60 @@ def worst_first(cell: Row) -> tuple[int, str]:
 
 
 def overview(cells: list[Row]) -> str:
-    """One line over the setups of one question: how many of each severity, and what the bad ones share."""
+    """One line over the setups of one question: its model(s), how many of each severity, what the bad ones share."""
     counts = Counter(severity(cell) for cell in cells)
     bad = [cell for cell in cells if severity(cell) in RED]
-    shared = [f"{axis}={next(iter(values))}" for axis in ("checkpoint", "init", "clip")
+    shared = [f"{axis}={next(iter(values))}" for axis in VARYING_AXES
               if len(values := {cell[axis] for cell in bad}) == 1 and len({cell[axis] for cell in cells}) > 1]
     first = cells[0]
+    models = sorted({cell["model"] for cell in cells})
     tally = ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda item: SEVERITIES.index(item[0])))
-    return (f"{first['framework']} {first['release']} · {first['plugin']} · freeze {first['freeze']}: "
-            f"{len(cells)} setups: {tally}" + (f"; the bad ones all have {', '.join(shared)}" if shared else "")
-            + ("; each bad one below" if bad else "; every one is safe" if counts.keys() <= set(SAFE) else ""))
+    ending = ("each bad one below" if bad else "every one is safe" if counts.keys() <= set(SAFE)
+              else "each one not safe below")
+    return (f"{first['framework']} {first['release']} · {first['plugin']} · freeze {first['freeze']} · "
+            f"model{'s' if len(models) > 1 else ''} {', '.join(models)}: {len(cells)} setups: {tally}"
+            + (f"; the bad ones all have {', '.join(shared)}" if shared else "") + f"; {ending}")
 
 
-def setup(cell: Row) -> str:
+def setup(cell: Row, axes: tuple[str, ...]) -> str:
     """What tells a cell from the others of its question: `checkpoint=none init=lazy clip=no-clip`."""
-    return " ".join(f"{axis}={cell[axis]}" for axis in ("checkpoint", "init", "clip"))
+    return " ".join(f"{axis}={cell[axis]}" for axis in axes)
 
 
 def alike(cells: list[Row]) -> list[list[Row]]:
-    """Bad cells that go wrong the same way (severity and explaining entry), worst first: `advise` shows one of each
-    in full and names the setups of the rest."""
+    """Cells that go wrong the same way (severity and explaining entry, or what went unchecked), worst first: `advise`
+    shows one of each in full and names the setups of the rest."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for cell in sorted(cells, key=worst_first):
         known = cell.get("known_issue") or {}
-        how = known.get("id", "") if known.get("expected") else why(cell)
+        how = known.get("id", "") if known.get("expected") else why(cell) or " ".join(cell.get("unchecked") or [])
         groups.setdefault((severity(cell), how), []).append(cell)
     return list(groups.values())
+
+
+def answer(cells: list[Row]) -> list[str]:
+    """What `advise` prints for the setups of one question (`nearest.select`): one setup in full; else the overview,
+    then one of each way of not being safe in full and the setups of the rest of its kind."""
+    if len(cells) == 1:
+        return lines(cells[0])
+    axes = tuple(axis for axis in VARYING_AXES if len({cell[axis] for cell in cells}) > 1)
+    out = [overview(cells)]
+    for group in alike([cell for cell in cells if severity(cell) not in SAFE]):
+        out += lines(group[0])
+        if len(group) > 1:
+            out.append(f"  same in     {', '.join(setup(cell, axes) for cell in group[1:])}")
+    return out
+
+
+def listing(rows: list[Row], named: dict[str, str]) -> list[str]:
+    """The values the rows hold per axis (a framework's releases and plugins, a model's freeze patterns apart where
+    there are several): what `advise` prints for a question that names no single setup yet."""
+    out = [f"{describe(named) or 'the report'} holds (name --framework, --plugin and --freeze to ask about one setup; "
+           "--release, --model, --checkpoint, --init, --clip narrow it):"]
+    for axis, per_owner in held(rows).items():
+        if len(per_owner) == 1:
+            text = ", ".join(next(iter(per_owner.values())))
+        else:
+            text = " · ".join(f"{owner}: {', '.join(values)}" for owner, values in per_owner.items())
+        out.append(f"  {axis:10}  {text}")
+    return out

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.names import HARMFUL
+from ..core.names import HARMFUL, SAFE
 from ..verdict.severity import severity_of
 
 Row = dict[str, Any]
@@ -24,14 +24,20 @@ Row = dict[str, Any]
 #: What the user may change, cheapest first: a checkpoint mode before a plugin, a plugin before a framework release
 #: (`freeze` only to a recipe of the cell's explaining entry).
 CHANGEABLE = ("checkpoint", "clip", "freeze", "init", "plugin", "release")
-#: Safe to train: every weight right (`differs`: only what reaches no weight differs from the canonical loop).
-SAFE = ("ok", "differs")
 #: What hurts the user (silent or refused): red in every table, and what an alternative is sought for.
 RED = HARMFUL
-#: The order `select` narrows a setup in, so that an unknown value is named beside the values held for the rest.
-SETUP_AXES = ("framework", "release", "plugin", "freeze", "checkpoint", "init", "clip", "model")
-#: Axes a question may leave open: then it is about every setup the report ran of them (a guide box).
-OPEN_AXES = ("checkpoint", "init", "clip")
+#: The order `select` narrows a setup in: the model before the release (its newest is the default) and before the
+#: patterns (a model's own), so an unknown value is named beside the values held for what was named before it.
+SETUP_AXES = ("framework", "model", "release", "plugin", "freeze", "checkpoint", "init", "clip")
+#: How a question names the axes it has narrowed, framework and release first: `hf 1.10.1 model=tiny-llama-lora`.
+SHOWN_AXES = ("framework", "release", "model", "plugin", "freeze", "checkpoint", "init", "clip")
+#: Axes a question may leave open: then it is about every setup the report ran of them (a guide box), every model.
+OPEN_AXES = ("model", "checkpoint", "init", "clip")
+#: Where an axis's values are listed per another axis's value: a release or plugin is a framework's, a freeze pattern
+#: its model's.
+LISTED_PER = {"release": "framework", "plugin": "framework", "freeze": "model"}
+#: How many held values an error names, nearest first: one line, not the whole axis.
+NEAREST_SHOWN = 8
 
 
 @dataclass(frozen=True)
@@ -113,27 +119,65 @@ def coverage(cells: list[Row]) -> tuple[int, int]:
     return near, len(red)
 
 
-def select(cells: list[Row], setup: dict[str, str | None]) -> list[Row]:
-    """The rows of one setup (user models aside). An axis left None takes the one value held, or the newest release,
-    or (`OPEN_AXES`) every value held; a value the report does not hold raises NotInReport naming the values it holds
-    there, nearest first."""
-    rows = [row for row in cells if not row.get("user_model")]
-    where: list[str] = []
+def describe(named: dict[str, str]) -> str:
+    """`hf 1.10.1 model=tiny-llama-lora plugin=ddp`: what a question has named so far, in `SHOWN_AXES` order."""
+    return " ".join(named[axis] if axis in ("framework", "release") else f"{axis}={named[axis]}"
+                    for axis in SHOWN_AXES if axis in named)
+
+
+def _not_held(cells: list[Row], rows: list[Row], axis: str, value: str, named: dict[str, str]) -> NotInReport:
+    """The one-line error for a value the narrowed rows lack: the nearest values they hold, and which of the values
+    named before it the value is held with instead on the same framework (`freeze=x is held with model=y`)."""
+    held = sorted({row[axis] for row in rows})
+    nearest = difflib.get_close_matches(value, held, n=len(held) or 1, cutoff=0) or ["nothing"]
+    more = (f" (and {len(nearest) - NEAREST_SHOWN} more: leave out --plugin or --freeze to list every value)"
+            if len(nearest) > NEAREST_SHOWN else "")
+    text = (f"no {axis} {value!r}{' for ' if named else ''}{describe(named)}; "
+            f"it has: {', '.join(nearest[:NEAREST_SHOWN])}{more}")
+    framework = named.get("framework")  # the user's stack stays: another framework's values are no hint
+    elsewhere = [row for row in cells if row[axis] == value and framework in (None, row["framework"])]
+    instead = []
+    for other, wanted in named.items():
+        matching = [row for row in elsewhere if row[other] == wanted]
+        if elsewhere and not matching:
+            instead.append(f"{other}={'/'.join(sorted({row[other] for row in elsewhere})[:3])}")
+        elsewhere = matching or elsewhere
+    if instead:
+        text += f"; {axis}={value} is held with {' '.join(instead)}"
+    return NotInReport(text)
+
+
+def select(cells: list[Row], setup: dict[str, str | None], answering: bool = True) -> list[Row]:
+    """The rows holding each value `setup` names, of every model (the examples' and a user's too) unless it names
+    one. `answering` one question: the release left None is the newest, an axis outside `OPEN_AXES` left None must
+    hold one value; else (a listing) None leaves any axis open. A value the rows do not hold raises NotInReport."""
+    rows = cells
+    named: dict[str, str] = {}
     for axis in SETUP_AXES:
         held = sorted({row[axis] for row in rows})
         value = setup.get(axis)
-        if value is None and axis == "release":
+        if value is None and answering and axis == "release":
             value = newest(held)
-        elif value is None and len(held) == 1:
-            value = held[0]
-        elif value is None and axis in OPEN_AXES:
+        elif value is None and (not answering or axis in OPEN_AXES or len(held) == 1):
             continue
         elif value is None:
-            raise NotInReport(f"{' '.join(where)} has several {axis}s ({', '.join(held)}): name one with --{axis}")
+            raise NotInReport(f"{describe(named)} has several {axis}s ({', '.join(held)}): name one with --{axis}")
         if value not in held:
-            nearest = difflib.get_close_matches(value, held, n=len(held) or 1, cutoff=0) or ["nothing"]
-            raise NotInReport(f"no {axis} {value!r}{' for ' if where else ''}{' '.join(where)}; "
-                              f"it has: {', '.join(nearest)}")
+            raise _not_held(cells, rows, axis, value, named)
         rows = [row for row in rows if row[axis] == value]
-        where.append(value if axis in ("framework", "release") else f"{axis}={value}")
+        named[axis] = value
     return rows
+
+
+def held(rows: list[Row]) -> dict[str, dict[str, list[str]]]:
+    """Per axis, the values the rows hold, per owner value where `LISTED_PER` has one (a model's freeze patterns);
+    releases newest first: what `advise` lists."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for axis in SETUP_AXES:
+        owner = LISTED_PER.get(axis)
+        grouped: dict[str, set[str]] = defaultdict(set)
+        for row in rows:
+            grouped[row[owner] if owner else ""].add(row[axis])
+        order = (lambda value: tuple(-part for part in release_key(value))) if axis == "release" else None
+        found[axis] = {key: sorted(values, key=order) for key, values in sorted(grouped.items())}
+    return found

@@ -8,7 +8,7 @@ fixes, and that cell names the second); one red for this entry's reason, or unex
 release (environment) of the cells it is for: `verified` where some cell it leads to holds and none breaks it
 (`qualified` where some hold only under another correct loop or at a cost), `broken` where none holds and some break it,
 `partly` where both, `blocked` where every cell it leads to meets another issue, `unproven` where the report holds
-none of them (not run, skipped).
+none of them (not run, skipped) or only cells a deciding check did not run on (severity `unproven`).
 Rows are report rows as `report.schema.load` gives them; everything here is pure.
 """
 
@@ -50,13 +50,16 @@ OUTCOMES = {"holds": "holds here",
             "at a cost": "holds here at a cost (costly: the optimizer holds frozen params)",
             "blocked": "avoids this issue, but meets {blocked_by} there",
             "broken": "does NOT hold here",
-            "unproved": "not proved here (the matrix has no such cell)"}
+            "unproved": "not proved here (the matrix has no such cell)",
+            "unproven": "not proved here (that cell is unproven: a check that decides it did not run there)"}
 
 
 def outcome(proof: dict[str, Any]) -> str:
     """A cell's workaround as annotated (`advice.annotate`), as a sentence from `OUTCOMES`."""
     if proof.get("blocked_by"):
         return OUTCOMES["blocked"].format(blocked_by=proof["blocked_by"])
+    if proof["holds"] is None and proof.get("severity") == "unproven":
+        return OUTCOMES["unproven"]
     if proof["holds"] is None:
         return OUTCOMES["unproved"]
     if not proof["holds"]:
@@ -127,10 +130,11 @@ def proofs(cells: list[Row]) -> list[Proof]:
             other = (proof.get("known_issue") or {}) if proof else {}
             blocked = (other["id"] if proof and severity(proof) in ("silent", "refused") and other.get("expected")
                        and other["id"] != known["id"] else None)
+            judged = proof is not None and severity(proof) != "unproven"  # it ran, but what decides did not
             found.append(Proof(known["id"], workaround["label"], workaround["says"], row["id"],
                                f"{row['framework']}@{row['release']}", proof["id"] if proof else None,
-                               severity(proof) in HOLDING if proof else None, severity(proof) if proof else None,
-                               blocked))
+                               severity(proof) in HOLDING if proof and judged else None,
+                               severity(proof) if proof else None, blocked))
     return found
 
 
