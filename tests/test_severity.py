@@ -71,6 +71,8 @@ def test_grads_on_params_no_optimizer_holds_are_costly_where_nothing_moves():
     assert severity.severity_of(row("fail", held_in_optimizer)) == "silent"
     and_the_norm = [*lazy, failure("grad_norm", "x", kinds=["norm-differs"])]
     assert severity.severity_of(row("fail", and_the_norm)) == "silent"
+    # where the stack reports no clip norm, those grads may have scaled every trained one through clipping
+    assert severity.severity_of(row("fail", lazy, unchecked=["grad_norm"])) == "silent"
 
 
 @pytest.mark.parametrize(("failures", "want"), [

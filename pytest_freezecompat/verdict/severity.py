@@ -65,13 +65,15 @@ def _raised(failure: Row) -> bool:
     return failure["check"] == "resume" and "raised" in _kinds(failure)
 
 
-def _reaches_weights(failure: Row) -> bool:
-    """A failed check whose finding changes what the weights become (or became after a resume) in the loop that ran."""
+def _reaches_weights(failure: Row, norm_checked: bool) -> bool:
+    """A failed check whose finding changes what the weights become (or became after a resume) in the loop that ran.
+    `norm_checked`: the clip norm was compared (or the cell does not clip): grads on params no optimizer holds can
+    then reach no weight; where it was not, they may have scaled every trained grad through clipping."""
     check, kinds = failure["check"], _kinds(failure)
     if _raised(failure):
         return False
-    if check in THROUGH_THE_OPTIMIZER and failure.get("in_optimizer") is False:
-        return False  # grads on params no optimizer holds: nothing steps them
+    if check in THROUGH_THE_OPTIMIZER and failure.get("in_optimizer") is False and norm_checked:
+        return False  # grads on params no optimizer holds, and the clip norm held: nothing steps them
     return bool(kinds - WITHOUT_HARM.get(check, set()))
 
 
@@ -86,7 +88,9 @@ def severity_of(row: Row) -> str:
     if status == "pass":
         return "unproven" if row.get("unchecked") else "differs" if row.get("differences") else "ok"
     failures = row.get("failures") or []
-    if not failures or any(_reaches_weights(f) for f in failures):  # a fail that names no check: the worst case
+    norm_checked = "grad_norm" not in (row.get("unchecked") or ())
+    # A fail that names no check: the worst case.
+    if not failures or any(_reaches_weights(f, norm_checked) for f in failures):
         return "silent"
     if any(_raised(f) for f in failures):
         return "refused"
