@@ -194,11 +194,24 @@ class _Source:
     def error(self, message: str, *needles: str, start: int = 0) -> SpecError:
         return SpecError(f"{self.where(*needles, start=start)}: {message}")
 
-    def rule_line(self, framework: str, index: int) -> int:
-        """Index of the line that opens `framework`'s rule `index` here (best effort: 0), so an error in a
-        rule's `when` points into that rule rather than at the value's first mention in the file."""
+    def key_line(self, key: str, start: int = 0) -> int:
+        """Index of the first line from `start` on that sets `key` (`key =`, bare or quoted, inline tables too), so
+        an unknown key is pointed at rather than the first longer key it is part of (`schem` in `schema`); else
+        `start` (best effort)."""
+        sets = re.compile(rf"(?:^|[\s{{,.]){re.escape(key)}\s*=|[\"']{re.escape(key)}[\"']\s*=")
+        lines = self.text.splitlines()
+        return next((n for n in range(start, len(lines)) if sets.search(lines[n])), start)
+
+    def header_line(self, *headers: str) -> int:
+        """Index of the first line that opens one of these tables (`[freeze.none]`) here (best effort: 0)."""
+        return next((n for n, line in enumerate(self.text.splitlines()) if line.strip().startswith(headers)), 0)
+
+    def rule_line(self, framework: str, index: int, table: str = "rule") -> int:
+        """Index of the line that opens `framework`'s rule `index` (or another `[[table]]` entry) here (best
+        effort: 0), so an error in a rule's `when` points into that rule rather than at the value's first mention
+        in the file."""
         headers = [n for n, line in enumerate(self.text.splitlines())
-                   if line.strip() in ("[[rule]]", f"[[frameworks.{framework}.rule]]")]
+                   if line.strip() in (f"[[{table}]]", f"[[frameworks.{framework}.{table}]]")]
         return headers[index] if index < len(headers) else 0
 
 
@@ -229,10 +242,21 @@ def listing(values: Sequence[str], limit: int = 12) -> str:
     return shown if len(values) <= limit else f"{shown}, ... ({len(values) - limit} more)"
 
 
-def _reject_unknown_keys(src: _Source, body: dict[str, Any], valid: set[str], what: str) -> None:
-    unknown = sorted(set(body) - valid)
+def did_you_mean(value: str, valid: Sequence[str]) -> str:
+    """`; did you mean 'x'?` for the valid name nearest `value` (difflib), else "" (nothing alike)."""
+    near = difflib.get_close_matches(value, list(valid), n=1)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _reject_unknown_keys(src: _Source, body: dict[str, Any], valid: Sequence[str] | set[str], what: str,
+                         start: int = 0, noun: str = "key") -> None:
+    """Every key a table may hold is declared: one that is not (a typo, most often) is a one-line error naming
+    the table, the key, the keys allowed and the nearest of them, never a key the loader would read past."""
+    unknown = sorted(set(body) - set(valid))
     if unknown:
-        raise src.error(f"{what}: unknown key {unknown[0]!r}; valid: {', '.join(sorted(valid))}", unknown[0])
+        allowed = sorted(valid)
+        raise src.error(f"{what}: unknown {noun} {unknown[0]!r}; valid: {', '.join(allowed) or '(none)'}"
+                        f"{did_you_mean(unknown[0], allowed)}", start=src.key_line(unknown[0], start))
 
 
 def _str_list(src: _Source, value: Any, what: str, *needles: str) -> tuple[str, ...]:
@@ -253,12 +277,18 @@ def _axis_values(src: _Source, value: Any, what: str) -> tuple[str, ...]:
     return values
 
 
+#: `[models.<id>]`: `description` (words for people; nothing reads it) and the `groups` table (group = name globs).
+MODEL_KEYS = {"description", "groups"}
+
+
 def _load_models(src: _Source, table: Any, models: dict[str, dict[str, tuple[str, ...]]]) -> None:
     if not isinstance(table, dict):
         raise src.error("[models] must be a table", "models")
     for name, body in table.items():
         if name in models:
             raise src.error(f"model {name!r} is defined twice", name)
+        if isinstance(body, dict):
+            _reject_unknown_keys(src, body, MODEL_KEYS, f"models.{name}", start=src.header_line(f"[models.{name}]"))
         groups = body.get("groups") if isinstance(body, dict) else None
         if not isinstance(groups, dict) or not groups:
             raise src.error(f"model {name!r} needs a [models.{name}.groups] table of name globs", name)
@@ -289,13 +319,15 @@ def _rows(src: _Source, body: dict[str, Any], what: str) -> dict[str, str]:
 
 
 def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
+    if not isinstance(table, dict):
+        raise src.error("[freeze] must be a table of [freeze.<id>] patterns", "freeze")
     patterns = {}
     for pid, body in table.items():
         if not VALUE_RE.match(pid):
             raise src.error(f"freeze pattern id {pid!r} is not a valid axis value", pid)
         if not isinstance(body, dict):
             raise src.error(f"freeze.{pid} must be a table", pid)
-        _reject_unknown_keys(src, body, PATTERN_KEYS, f"freeze.{pid}")
+        _reject_unknown_keys(src, body, PATTERN_KEYS, f"freeze.{pid}", start=src.header_line(f"[freeze.{pid}]"))
         if "frozen" in body and "trainable" in body:
             raise src.error(f"freeze.{pid}: give either `frozen` or `trainable`, not both", pid)
 
@@ -317,25 +349,58 @@ FRAMEWORK_KEYS = {"framework", "adapter", "import", "package", "models", "plugin
 #: The axes whose values may share a round trip: they change how a cell trains, not which stack saves and loads.
 ROUND_TRIP_AXES = ("init", "checkpoint", "clip")
 ENVIRONMENT_KEYS = {"name", "release", "install", "python", "first_run"}
+#: `[releases]`: how `freezecompat bisect` installs a release the matrix does not run.
+RELEASES_KEYS = {"install"}
+RULE_KEYS = {*RULE_EFFECTS, "when", "device"}
+#: The `options` a rule may set, per adapter (as a framework file names it), and the kind of value each takes: the
+#: adapter reads them from `cell.options` (ColossalAI's go to its plugin's constructor as keywords). An adapter not
+#: named here reads none, so a rule of its framework sets none: an option no adapter reads would plan its cells
+#: (and split their round trips) without a word. `bool`: true or false; `globs`: a list of name globs.
+RULE_OPTIONS: dict[str, dict[str, str]] = {
+    # adapters/colossalai/adapter.py: keywords of the Booster plugin the cell builds.
+    "pytest_freezecompat.adapters.colossalai": {"overlap_communication": "bool", "pin_memory": "bool",
+                                                "enable_async_reduce": "bool"},
+    # adapters/deepspeed/adapter.py EXCLUDE_FROZEN: save_checkpoint(exclude_frozen_parameters=...).
+    "pytest_freezecompat.adapters.deepspeed": {"exclude_frozen_parameters": "bool"},
+    # adapters/hf/staged.py OPTION: params unfrozen once the optimizer is built.
+    "pytest_freezecompat.adapters.hf": {"unfreeze_after_optimizer": "globs"},
+    # adapters/megatron/adapter.py FREEZE_AFTER_WRAP: the pattern is applied after the model is wrapped.
+    "pytest_freezecompat.adapters.megatron": {"freeze_after_wrap": "bool"},
+}
 #: An environment's name is a folder's too (`.nox/<name>`, the report's shards): `composer-0.23`.
 ENVIRONMENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
 
+def _rule_options(src: _Source, fw: str, index: int, adapter: str, raw: Any, start: int) -> None:
+    """A rule's `options`: only those its framework's adapter reads (`RULE_OPTIONS`), each of its kind."""
+    what = f"{fw} rule {index + 1}: options"
+    if not isinstance(raw, dict):
+        raise src.error(f"{what} must be a table of option = value", "options", start=start)
+    declared = RULE_OPTIONS.get(adapter, {})
+    _reject_unknown_keys(src, raw, declared, f"{what} (adapter {adapter})", start=start)
+    for key, value in raw.items():
+        kind = declared[key]
+        if kind == "bool" and not isinstance(value, bool):
+            raise src.error(f"{what}.{key} must be true or false", key, start=start)
+        if kind == "globs" and not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+            raise src.error(f"{what}.{key} must be a non-empty list of name globs", key, start=start)
+
+
 def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tuple[str, ...]],
-               declaration: AdapterDeclaration, user_models: bool) -> Rule:
+               declaration: AdapterDeclaration, user_models: bool, adapter: str) -> Rule:
     where = f"{src.path}, rule {index + 1}"
     if not isinstance(body, dict):
         raise SpecError(f"{where}: must be a table")
+    start = src.rule_line(fw, index)
+    _reject_unknown_keys(src, body, RULE_KEYS, f"{fw} rule {index + 1}", start=start)
     when_raw = body.get("when", {})
     if not isinstance(when_raw, dict):
-        raise src.error(f"{fw} rule {index + 1}: `when` must be a table of axis = value(s)", "when")
+        raise src.error(f"{fw} rule {index + 1}: `when` must be a table of axis = value(s)", "when", start=start)
     valid = {"framework": (fw,), **axes}  # a rule only ever sees this framework's cells
-    start = src.rule_line(fw, index)
+    _reject_unknown_keys(src, when_raw, [*valid, "release"], f"{fw} rule {index + 1}: `when`", start=start,
+                         noun="axis")
     when = {}
     for axis, pats in when_raw.items():
-        if axis not in valid and axis != "release":
-            raise src.error(f"{fw} rule {index + 1}: unknown axis {axis!r} in `when`; valid: "
-                            f"{', '.join([*valid, 'release'])}", axis)
         when[axis] = _str_list(src, pats, f"rule.when.{axis}", axis)
         if not when[axis]:
             raise src.error(f"{fw} rule {index + 1}: `when` {axis} lists no values", axis, start=start)
@@ -351,11 +416,12 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
         raise src.error(f"{fw} rule {index + 1}: `when` {found[1]}", f'"{found[0]}"', start=start)
     device = body.get("device")
     if device is not None and device not in DEVICES:
-        raise src.error(f"{fw} rule {index + 1}: device must be one of {', '.join(DEVICES)}", "device")
+        raise src.error(f"{fw} rule {index + 1}: device must be one of {', '.join(DEVICES)}", "device", start=start)
     effects = {k: v for k, v in body.items() if k in RULE_EFFECTS}
-    _reject_unknown_keys(src, body, {*RULE_EFFECTS, "when", "device"}, f"{fw} rule {index + 1}")
+    if "options" in effects:
+        _rule_options(src, fw, index, adapter, effects["options"], start)
     if not effects:
-        raise src.error(f"{fw} rule {index + 1} has no effect ({', '.join(RULE_EFFECTS)})", "when")
+        raise src.error(f"{fw} rule {index + 1} has no effect ({', '.join(RULE_EFFECTS)})", "when", start=start)
     if effects.get("emulation") and declaration.emulation is None:
         raise src.error(f"{fw} rule {index + 1}: `emulation = true`, but the adapter declares no shim", "emulation")
     if "precision" in effects and effects["precision"] not in PRECISIONS:
@@ -370,11 +436,16 @@ def _load_environments(src: _Source, fw: str, raw: Any) -> tuple[list[Environmen
     """`[environment]` (one release) or `[[environment]]` (several, newest first): each a name, the framework
     `release` it installs, and its pins."""
     tables = raw if isinstance(raw, list) else [raw]
+    for index, table in enumerate(tables):  # before `name` is required, so a misspelt `name` is named as such
+        if isinstance(table, dict):
+            label = table["name"] if isinstance(table.get("name"), str) else f"#{index + 1}"
+            _reject_unknown_keys(src, table, ENVIRONMENT_KEYS, f"framework {fw} environment {label}",
+                                 start=src.rule_line(fw, index, "environment") if isinstance(raw, list) else
+                                 src.header_line("[environment]", f"[frameworks.{fw}.environment]"))
     if not tables or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tables):
         raise src.error(f"framework {fw}: each [environment] needs `name`", "environment")
     environments, releases = [], []
     for table in tables:
-        _reject_unknown_keys(src, table, ENVIRONMENT_KEYS, f"framework {fw} environment {table['name']}")
         if not ENVIRONMENT_NAME_RE.match(table["name"]):
             raise src.error(f"framework {fw}: environment name {table['name']!r} is not lowercase letters, digits, "
                             "'.', '-'", table["name"])
@@ -436,8 +507,10 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None
                             f"valid: {', '.join(declaration.offers(axis))}", unknown[0])
     environments, releases = _load_environments(src, name, body.get("environment", {"name": name}))
     any_release = body.get("releases", {})
-    if not isinstance(any_release, dict) or set(any_release) - {"install"}:
-        raise src.error(f"framework {name}: [releases] takes `install` only", "releases")
+    if not isinstance(any_release, dict):
+        raise src.error(f"framework {name}: [releases] is a table: install = [...]", "releases")
+    _reject_unknown_keys(src, any_release, RELEASES_KEYS, f"framework {name}: [releases]",
+                         start=src.header_line("[releases]", f"[frameworks.{name}.releases]"))
     any_install = _str_list(src, any_release.get("install", []), "releases.install", "install")
     if any_install and not any("{release}" in line for line in any_install):
         raise src.error(f"framework {name}: [releases] install names no {{release}}", "install")
@@ -445,11 +518,14 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None
     rules = body.get("rule", [])
     if not isinstance(rules, list):
         raise src.error(f"framework {name}: rules are written [[rule]]", "rule")
-    user_models = bool(body.get("user_models", False))
+    user_models = body.get("user_models", False)
+    if not isinstance(user_models, bool):
+        raise src.error(f"framework {name}: user_models must be true or false", "user_models")
     framework = Framework(
         name=name, adapter=adapter, declaration=declaration, import_name=str(body.get("import", name)), axes=axes,
         releases=releases,
-        rules=tuple(_load_rule(src, name, i, r, axes, declaration, user_models) for i, r in enumerate(rules)),
+        rules=tuple(_load_rule(src, name, i, r, axes, declaration, user_models, adapter)
+                    for i, r in enumerate(rules)),
         where=src.where("framework"), user_models=user_models, package=str(body.get("package", name)),
         any_release=any_install, round_trip=round_trip,
     )
@@ -462,10 +538,13 @@ def _load_round_trip(src: _Source, fw: str, table: Any, axes: dict[str, tuple[st
     if not isinstance(table, dict):
         raise src.error(f"framework {fw}: [round_trip] is a table of axis = [[value, ...], ...]", "round_trip")
     classes: dict[str, tuple[tuple[str, ...], ...]] = {}
-    for axis, raw in table.items():
-        if axis not in ROUND_TRIP_AXES:
+    for axis in table:
+        if axis in axes and axis not in ROUND_TRIP_AXES:
             raise src.error(f"framework {fw}: round_trip.{axis}: only {', '.join(ROUND_TRIP_AXES)} may share a "
                             "round trip", "round_trip")
+    _reject_unknown_keys(src, table, ROUND_TRIP_AXES, f"framework {fw}: [round_trip]",
+                         start=src.header_line("[round_trip]", f"[frameworks.{fw}.round_trip]"), noun="axis")
+    for axis, raw in table.items():
         if not isinstance(raw, list) or not all(isinstance(c, list) and len(c) > 1 for c in raw):
             raise src.error(f"framework {fw}: round_trip.{axis} is a list of lists of two or more values",
                             "round_trip")
@@ -507,7 +586,10 @@ def load(path: str | Path | None = None) -> Spec:
         for env in envs:
             merge_environment(environments, env)
 
-    for name, body in root.data.get("frameworks", {}).items():
+    inline = root.data.get("frameworks", {})
+    if not isinstance(inline, dict) or not all(isinstance(body, dict) for body in inline.values()):
+        raise root.error("[frameworks] is a table of [frameworks.<name>] tables", "frameworks")
+    for name, body in inline.items():
         add(root, body, name)
     for file in sorted((root.path.parent / "frameworks").glob("*.toml")):
         src = _Source(file)
