@@ -145,6 +145,9 @@ def test_what_got_worse_across_releases_is_named_so_and_listed_first():
     (table,) = releases.across_releases(rows)
     assert [(c.cell.split("/")[2], c.label, c.regression) for c in table.changes] == [
         ("c", "worse after 0.8.0, by 0.16.1", True), ("b", "fixed after 0.8.0, by 0.16.1", False)]
+    unchecked_before = [row("0.8.0", "pass", unchecked=["resume"]), row("0.16.1", "fail", failures=moved)]
+    (change,) = releases.across_releases(unchecked_before)[0].changes
+    assert (change.label, change.regression) == ("changed (one side unproven) after 0.8.0, by 0.16.1", False)
 
 
 def test_final_releases_read_from_pip_index_versions():

@@ -55,7 +55,10 @@ def red(status: str) -> bool:
 
 
 def _verb(old: str, new: str) -> str:
-    """What a step from severity `old` to `new` does to the user."""
+    """What a step from severity `old` to `new` does to the user (nothing is claimed across an unproven side: a
+    release whose deciding check did not run neither broke nor fixed anything by the runs)."""
+    if "unproven" in (old, new):
+        return "changed (one side unproven)"
     if (old in HARMFUL) != (new in HARMFUL):
         return "broke" if new in HARMFUL else "fixed"
     if old in HARMFUL and old != new:
