@@ -133,7 +133,8 @@ def test_cli_merge_applies_a_known_issue_registry(tmp_path, capsys):
     registry.write_text('[[issue]]\nid = "ddp-x"\nsummary = "s"\nlinks = ["https://github.com/o/r/issues/1"]\n'
                         'when = { plugin = "ddp" }\nversions = { torch = ">=2.2" }\nstatus = ["error"]\n'
                         'pattern = "boom"\n')
-    shard = _write(tmp_path, "shard", write.build(ENVS, [cell("none", "error", message="boom")]))
+    shard = _write(tmp_path, "shard", write.build(ENVS, [cell("none", "error", message="RuntimeError: boom",
+                                                              error={"type": "RuntimeError", "message": "boom"})]))
     assert cli(["merge", shard, "-o", str(tmp_path / "out"), "--known-issues", str(registry)]) == 0
     merged = json.loads((tmp_path / "out" / "matrix.json").read_text())
     assert merged["cells"][0]["known_issue"]["expected"] is True

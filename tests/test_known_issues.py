@@ -28,7 +28,7 @@ when = { framework = "composer", freeze = "optimizer-subset" }
 versions = { composer = "<0.24" }
 status = ["fail"]
 check = "optimizer"
-pattern = "unintended"
+kinds = ["tracks-unintended"]
 
 [[issue]]
 id = "gemini-hook"
@@ -54,10 +54,13 @@ def cell(framework="torch", plugin="fsdp1", freeze="embedding", status="error", 
 
 
 UNIFORM = "ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False` (rank 0, wrap)"
+#: An error row: our message, and the stack's own words (`error`), which is what a pattern reads.
+REFUSED = {"message": UNIFORM, "error": {
+    "type": "ValueError", "message": "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"}}
 
 
 def test_a_failure_the_entry_explains_is_expected(tmp_path):
-    found = known_issues.match(cell(message=UNIFORM), ENV, registry(tmp_path))
+    found = known_issues.match(cell(**REFUSED), ENV, registry(tmp_path))
     assert found == {"id": "fsdp1-uniform", "link": "https://github.com/pytorch/pytorch/issues/91167",
                      "links": ["https://github.com/pytorch/pytorch/issues/91167",
                                "https://github.com/pytorch/pytorch/pull/104427"],
@@ -76,10 +79,11 @@ def test_a_pass_the_entry_expects_to_break_is_fixed(tmp_path):
 
 
 @pytest.mark.parametrize(("changed", "why"), [
-    ({"message": "RuntimeError: something else"}, "pattern does not match"),
-    ({"message": UNIFORM, "status": "fail"}, "status not listed"),
-    ({"message": UNIFORM, "freeze": "decoder"}, "selector does not select"),
-    ({"message": UNIFORM, "plugin": "ddp"}, "glob does not match"),
+    ({"error": {"type": "RuntimeError", "message": "something else"}}, "pattern does not match"),
+    ({"message": UNIFORM}, "the pattern reads the stack's words, not our message"),
+    ({**REFUSED, "status": "fail"}, "status not listed"),
+    ({**REFUSED, "freeze": "decoder"}, "selector does not select"),
+    ({**REFUSED, "plugin": "ddp"}, "glob does not match"),
 ])
 def test_a_failure_nobody_explains_stays_red(tmp_path, changed, why):
     assert known_issues.match(cell(**changed), ENV, registry(tmp_path)) is None, why
@@ -89,12 +93,13 @@ def test_versions_decide_whether_an_entry_applies(tmp_path):
     reg = registry(tmp_path)
     old_torch = {**ENV, "torch": "2.3.1"}
     # the failure it describes, on a release its range leaves out: flagged, still red
-    outside = known_issues.match(cell(message=UNIFORM), old_torch, reg)
+    outside = known_issues.match(cell(**REFUSED), old_torch, reg)
     assert outside["range_too_narrow"] and not outside.get("expected") and display_status(
         {"status": "error", "known_issue": outside}) == "error"
     assert known_issues.match(cell(status="pass"), old_torch, reg) is None  # not `fixed?` either
     subset = cell(framework="composer", plugin="fsdp1", freeze="optimizer-subset", status="fail", check="optimizer",
-                  message="optimizer tracks 4 unintended: tok_emb.weight")
+                  message="optimizer tracks 4 unintended: tok_emb.weight",
+                  failures=[failed("optimizer", "optimizer tracks 4 unintended", ["tracks-unintended"])])
     assert known_issues.match(subset, ENV, reg)["range_too_narrow"]  # composer 0.32.1, where the fix shipped
     assert known_issues.match(subset, {**ENV, "frameworks": {"composer": "0.23.5"}}, reg)["expected"]
     assert known_issues.match({**subset, "check": "grads"}, {**ENV, "frameworks": {"composer": "0.23.5"}}, reg) is None
@@ -104,7 +109,9 @@ def test_versions_decide_whether_an_entry_applies(tmp_path):
 def test_device_selector_and_a_skip_tied_to_an_entry_by_a_rule(tmp_path):
     reg = registry(tmp_path)
     gpu = {**ENV, "device": "cuda", "frameworks": {"colossalai": "0.5.0"}}
-    crashed = cell(framework="colossalai", plugin="gemini", status="crash", message="AssertionError in hook")
+    crashed = cell(framework="colossalai", plugin="gemini", status="crash", message="rank 0 killed by signal SIGABRT",
+                   rank_details=[{"rank": 1, "phase": "step 0: backward", "error": {
+                       "type": "AssertionError", "message": "", "where": "param_hook.py:41 in hook"}}])
     assert known_issues.match(crashed, gpu, reg)["expected"]
     assert known_issues.match(crashed, {**gpu, "device": "cpu"}, reg) is None
     skipped = cell(framework="colossalai", plugin="gemini", status="skip", message="needs CUDA",
@@ -120,7 +127,7 @@ def test_device_selector_and_a_skip_tied_to_an_entry_by_a_rule(tmp_path):
 
 
 def test_an_entry_named_by_a_rule_explains_failures_outside_its_selector_but_flags_no_pass(tmp_path):
-    named = cell(plugin="ddp", freeze="decoder", message=UNIFORM, rule_known_issue="fsdp1-uniform")
+    named = cell(plugin="ddp", freeze="decoder", **REFUSED, rule_known_issue="fsdp1-uniform")
     assert known_issues.match(named, ENV, registry(tmp_path))["expected"]
     assert known_issues.match({**named, "status": "pass"}, ENV, registry(tmp_path)) is None
 
@@ -201,7 +208,7 @@ def _toml(value):
 
 
 def test_annotate_and_the_markdown_marks(tmp_path):
-    report = write.build({"torch": ENV}, [cell(message=UNIFORM), cell(freeze="lora", status="pass"),
+    report = write.build({"torch": ENV}, [cell(**REFUSED), cell(freeze="lora", status="pass"),
                                           cell(freeze="none", status="fail", message="other")])
     known_issues.annotate(report, registry(tmp_path))
     shown = {c["freeze"]: display_status(c) for c in report["cells"]}
@@ -229,7 +236,7 @@ def test_the_shipped_registry_loads_and_covers_every_rule_that_names_an_entry():
 def test_a_previous_annotation_does_not_name_an_entry(tmp_path):
     """Re-matching a report against a registry whose entry no longer selects a cell gives what a fresh run would."""
     reg = registry(tmp_path)
-    annotated = cell(plugin="ddp", freeze="decoder", message=UNIFORM,
+    annotated = cell(plugin="ddp", freeze="decoder", **REFUSED,
                      known_issue={"id": "fsdp1-uniform", "link": "https://x", "expected": True})
     assert known_issues.match(annotated, ENV, reg) is None
     report = {"environments": {"torch": ENV}, "cells": [{**annotated, "environment": "torch"}]}
@@ -246,7 +253,7 @@ when = [{ framework = "torch", plugin = "fsdp2", freeze = "none" },
 versions = { torch = ">=2.7" }
 status = ["fail"]
 check = "grads"
-pattern = "grad differs from reference"
+kinds = ["differs"]
 predicts = { scale = "world_size" }
 
 [[issue]]
@@ -257,7 +264,7 @@ when = { framework = "torch", plugin = "fsdp2", freeze = "output" }
 versions = { torch = ">=2.7" }
 status = ["fail"]
 check = "grad_norm"
-pattern = "grad norm"
+kinds = ["norm-differs"]
 predicts = { ranks_combine = "l2" }
 
 [[issue]]
@@ -268,24 +275,28 @@ when = { framework = "torch", plugin = "fsdp2", freeze = "unused-branch" }
 versions = { torch = ">=2.7" }
 status = ["fail"]
 check = "update"
-pattern = "must stay fixed"
+kinds = ["held-moved"]
 predicts = { params = "no-grad" }
 '''
 
 
-def failed(check, message, **facts):
-    return {"check": check, "step": 0, "message": message, "params": ["w"], "on_held_params": False, **facts}
+def failed(check, message, kinds, **facts):
+    return {"check": check, "step": 0, "message": message, "params": ["w"], "on_held_params": False, "kinds": kinds,
+            **facts}
 
 
 @pytest.mark.parametrize(("plugin", "freeze", "failure", "explained"), [
-    ("fsdp2", "none", failed("grads", "grad differs from reference", scale=2.0), True),
-    ("ddp", "lora", failed("grads", "grad differs from reference", scale=2.0), True),  # the second selector
-    ("fsdp2", "none", failed("grads", "grad differs from reference", scale=1.5), False),  # another shape: stays red
-    ("fsdp2", "none", failed("grads", "grad differs from reference"), False),  # no uniform factor at all
-    ("fsdp2", "output", failed("grad_norm", "grad norm 0.5 != reference 0.7", ranks_combine="l2"), True),
-    ("fsdp2", "output", failed("grad_norm", "grad norm 0.5 != reference 0.7"), False),
-    ("fsdp2", "unused-branch", failed("update", "param that must stay fixed changed", params_kind="no-grad"), True),
-    ("fsdp2", "unused-branch", failed("update", "param that must stay fixed changed", params_kind="held"), False),
+    ("fsdp2", "none", failed("grads", "grad differs from reference", ["differs"], scale=2.0), True),
+    ("ddp", "lora", failed("grads", "grad differs from reference", ["differs"], scale=2.0), True),  # second selector
+    ("fsdp2", "none", failed("grads", "grad differs", ["differs"], scale=1.5), False),  # another shape: stays red
+    ("fsdp2", "none", failed("grads", "grad differs from reference", ["differs"]), False),  # no uniform factor
+    ("fsdp2", "output", failed("grad_norm", "grad norm 0.5 != reference 0.7", ["norm-differs"], ranks_combine="l2"),
+     True),
+    ("fsdp2", "output", failed("grad_norm", "grad norm 0.5 != reference 0.7", ["norm-differs"]), False),
+    ("fsdp2", "unused-branch", failed("update", "param that must stay fixed changed", ["held-moved"],
+                                      params_kind="no-grad"), True),
+    ("fsdp2", "unused-branch", failed("update", "param that must stay fixed changed", ["held-moved"],
+                                      params_kind="held"), False),
 ])
 def test_an_entry_explains_only_failures_that_look_as_it_predicts(tmp_path, plugin, freeze, failure, explained):
     row = cell(plugin=plugin, freeze=freeze, status="fail", message=failure["message"], check=failure["check"],
@@ -297,7 +308,7 @@ def test_an_entry_explains_only_failures_that_look_as_it_predicts(tmp_path, plug
 def test_an_error_must_be_raised_where_the_entry_says(tmp_path):
     text = ENTRY.replace('pattern = "uniform `requires_grad`"',
                          'pattern = "uniform `requires_grad`"\npredicts = { raised_in = "wrapping" }')
-    at_wrap = cell(message=UNIFORM, raised_in="wrapping")
+    at_wrap = cell(**REFUSED, raised_in="wrapping")
     assert known_issues.match(at_wrap, ENV, registry(tmp_path, text))["expected"]
     assert known_issues.match({**at_wrap, "raised_in": "training"}, ENV, registry(tmp_path, text)) is None
 
@@ -349,9 +360,8 @@ def test_a_user_cell_is_selected_by_its_stack_and_explained_by_its_failure(tmp_p
     """A `@freeze_case` pattern has its own name: the entry's freeze and model names don't select it, its failure
     does; and a passing user cell is never `fixed?` (the user's pattern may be one the issue leaves alone)."""
     reg = registry(tmp_path)
-    failing = cell(freeze="head-only", model="my-model", user_model=True,
-                   message="ValueError: Must flatten tensors with uniform `requires_grad`")
+    failing = cell(freeze="head-only", model="my-model", user_model=True, **REFUSED)
     assert known_issues.match(failing, ENV, reg)["id"] == "fsdp1-uniform"
     assert known_issues.match({**failing, "user_model": False}, ENV, reg) is None  # a built-in pattern: not named
-    assert known_issues.match({**failing, "message": "KeyError: x"}, ENV, reg) is None
+    assert known_issues.match({**failing, "error": {"type": "KeyError", "message": "x"}}, ENV, reg) is None
     assert known_issues.match({**failing, "status": "pass", "message": ""}, ENV, reg) is None

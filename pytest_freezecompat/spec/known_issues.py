@@ -2,8 +2,9 @@
 
 An entry selects cells (axes with globs, as in the `when` of matrix rules; a list of such tables
 selects their union), names the versions it applies to, and says which failures it explains: raw
-statuses, optionally the failed check, a regex over the message, and what the failure must look
-like (`predicts`), so an entry explains the cells it selects rather than absorbing every red one.
+statuses, optionally the failed check, the failure's facts or the stack's own words (`selectors`), and what
+the failure must look like (`predicts`), so an entry explains the cells it selects rather than absorbing every
+red one. Our verdict messages are never read: they can be reworded without unexplaining a cell.
 A cell whose failure an entry explains keeps its raw status and is shown as `known` (an xfail in
 pytest); a cell an entry expects to break that passes is `fixed?` (a strict xpass), so an entry
 that has gone stale is noticed the morning the fix ships. Everything here is
@@ -25,14 +26,16 @@ from packaging.version import InvalidVersion, Version
 
 from ..core.names import CHECKS, KEY_AXES, USER_AXES, VALUE_RE
 from ..core.records import FAILING
+from . import selectors
 from .matrix import DEVICES, Framework, Spec, default_spec_path, listing, tomllib, unselectable
 
 #: What a selector may name: the cell's key axes, and the device of its environment. Not the release: an entry's
 #: `versions` says which releases it applies to, and the runs check that range.
 SELECTOR_AXES = tuple(axis for axis in KEY_AXES if axis != "release")
 SELECTOR_KEYS = (*SELECTOR_AXES, "device")
-REQUIRED = ("id", "summary", "links", "when", "versions", "status", "pattern")
-OPTIONAL = ("check", "predicts", "fixed_in", "kind", "reproducer", "workarounds", "no_workaround")
+REQUIRED = ("id", "summary", "links", "when", "versions", "status")
+#: At least one of `selectors.FIELDS` (kinds, params, pattern) says which failure an entry explains.
+OPTIONAL = (*selectors.FIELDS, "check", "predicts", "fixed_in", "kind", "reproducer", "workarounds", "no_workaround")
 #: What a workaround may change of a cell it explains: the user keeps their model and framework; `freeze` names a
 #: pattern that applies a recipe (e.g. the idle branch frozen), which the matrix runs like any other.
 WORKAROUND_AXES = ("checkpoint", "clip", "freeze", "init", "plugin")
@@ -75,7 +78,8 @@ class Entry:
     when: tuple[dict[str, tuple[str, ...]], ...]  # alternatives: a cell is selected by any one
     versions: dict[str, SpecifierSet]
     statuses: tuple[str, ...]
-    pattern: re.Pattern[str]
+    #: The failure it explains: its kinds and params, or the stack's own words (`selectors`).
+    failure: selectors.FailureSelector
     check: str | None
     predicts: dict[str, str]
     #: The release that fixed it, per package (`{"composer": "0.24.0"}`): outside `versions`, and the matrix runs a
@@ -127,14 +131,13 @@ class Entry:
     def explains(self, cell: dict[str, Any]) -> bool:
         if cell["status"] not in self.statuses or (self.check and cell.get("check") != self.check):
             return False
-        return self.pattern.search(_failure_text(cell)) is not None and self.predicted(cell)
+        return self.failure.holds(cell, selectors.judged_failure(cell, self.check)) and self.predicted(cell)
 
     def predicted(self, cell: dict[str, Any]) -> bool:
         """Whether the cell's failure looks as this entry says it must (each prediction that applies to it)."""
         if cell["status"] != "fail":
             return "raised_in" not in self.predicts or cell.get("raised_in") == self.predicts["raised_in"]
-        failures = cell.get("failures") or []
-        failure = next((f for f in failures if f["check"] == self.check), failures[0] if failures else {})
+        failure = selectors.judged_failure(cell, self.check)
         if "params" in self.predicts and failure.get("params_kind") != self.predicts["params"]:
             return False
         if "scale" in self.predicts and failure.get("scale") != float(cell.get("world_size", 0)):
@@ -184,16 +187,6 @@ def _version(name: str, environment: dict[str, Any]) -> Version | None:
         return Version(str(raw)) if raw else None
     except InvalidVersion:
         return None
-
-
-def _failure_text(cell: dict[str, Any]) -> str:
-    """What a pattern is searched in: the cell's message and every rank's own error line."""
-    lines = [cell.get("message") or ""]
-    for rank in cell.get("rank_details") or []:
-        error = rank.get("error") or {}
-        if error:
-            lines.append(f"{error.get('type', '')}: {error.get('message', '')}")
-    return "\n".join(lines)
 
 
 def _check_entry(path: Path, entry: Entry, spec: Spec) -> None:
@@ -269,11 +262,11 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
     if links is None or not all(link.startswith("https://") for link in links):
         raise error("links", "must be a non-empty list of https:// URLs" + (" (or [] for a finding)"
                                                                             if kind == "finding" else ""))
-    selectors = body["when"] if isinstance(body["when"], list) else [body["when"]]
-    if not selectors or not all(isinstance(sel, dict) and sel for sel in selectors):
+    tables = body["when"] if isinstance(body["when"], list) else [body["when"]]
+    if not tables or not all(isinstance(sel, dict) and sel for sel in tables):
         raise error("when", "must be a non-empty table of axis = value(s), or a list of such tables")
     when = []
-    for selector in selectors:
+    for selector in tables:
         for key, pats in selector.items():
             if key not in SELECTOR_KEYS:
                 raise error("when", f"unknown axis {key!r}; valid: {', '.join(SELECTOR_KEYS)}")
@@ -297,12 +290,10 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
     check = body.get("check")
     if check is not None and check not in CHECKS:
         raise error("check", f"must be one of {', '.join(CHECKS)}")
-    if not isinstance(body["pattern"], str) or not body["pattern"]:
-        raise error("pattern", "must be a non-empty regex")
-    try:
-        pattern = re.compile(body["pattern"])
-    except re.error as exc:
-        raise error("pattern", f"invalid regex ({exc})") from None
+    failure = selectors.parse(body, check, statuses, error)
+    if body.get("params") in PREDICTIONS["params"]:  # what the params are, written where their names go
+        raise error("params", f"{body['params']!r} is a prediction, not a regex over the failure's param names: "
+                              f"write predicts = {{ params = \"{body['params']}\" }}")
     predicts = body.get("predicts", {})
     if not isinstance(predicts, dict):
         raise error("predicts", f"must be a table of {', '.join(PREDICTIONS)}")
@@ -330,7 +321,7 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
     if no_workaround is not None and workarounds:
         raise error("no_workaround", "the entry lists workarounds: drop one of the two")
     seen[body["id"]] = index
-    return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, pattern, check,
+    return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, failure, check,
                  dict(predicts), dict(fixed_in), kind, reproducer, workarounds,
                  no_workaround.strip() if no_workaround else None)
 

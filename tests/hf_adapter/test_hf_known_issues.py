@@ -23,6 +23,10 @@ NO_INPUT_GRAD = "RuntimeError: element 0 of tensors does not require grad and do
 
 def cell(plugin: str, freeze: str, status: str, message: str, model: str = "tiny-gpt", checkpoint: str = "none",
          **extra: Any) -> dict[str, Any]:
+    """An error's message is the stack's own `Type: message`, which the row also records as `error`."""
+    if status == "error":
+        kind, said = message.split(": ", 1)
+        extra.setdefault("error", {"type": kind, "message": said})
     return {"id": f"{model}/hf/{plugin}/eager/{checkpoint}/{freeze}", "model": model, "framework": "hf",
             "plugin": plugin, "init": "eager", "checkpoint": checkpoint, "freeze": freeze, "clip": "clip",
             "environment": "hf", "status": status, "message": message, "rank_details": [], "world_size": 2, **extra}
@@ -30,7 +34,8 @@ def cell(plugin: str, freeze: str, status: str, message: str, model: str = "tiny
 
 def resumed(plugin: str, freeze: str = "none", **extra: Any) -> dict[str, Any]:
     return cell(plugin, freeze, "fail", RESUMED, check="resume",
-                failures=[{"check": "resume", "message": RESUMED, "params_kind": "trained"}], **extra)
+                failures=[{"check": "resume", "message": RESUMED, "params": ["blocks.0.fc1.bias"],
+                           "kinds": ["resumed-update"], "params_kind": "trained"}], **extra)
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,16 @@ def registry() -> known_issues.Registry:
     return known_issues.load()
 
 
-def resume_failure(plugin: str, message: str, model: str = "tiny-llama-lora", freeze: str = "lora") -> dict:
+def resume_failure(plugin: str, message: str, kinds: list[str], model: str = "tiny-llama-lora",
+                   freeze: str = "lora") -> dict:
     return cell(plugin, freeze, "fail", message, model=model, check="resume",
-                failures=[{"check": "resume", "message": message, "params_kind": "trained"}])
+                failures=[{"check": "resume", "message": message, "params": [LORA], "kinds": kinds,
+                           "params_kind": "trained"}])
 
 
 def test_pr_4206_is_a_resume_failure_before_1_15_and_a_pass_from_it(registry):
     """The cross-release case: the Trainer's FSDP2 full save of a PeftModel (adapter_only=True)."""
-    failing = resume_failure("trainer-fsdp2-full-state-dict", NOT_RESTORED)
+    failing = resume_failure("trainer-fsdp2-full-state-dict", NOT_RESTORED, ["loaded-differs"])
     assert tied(known_issues.match(failing, OLD, registry)) == PR_4206
     entry = next(e for e in registry.entries if e.id == PR_4206)
     assert dict(entry.fixed_in) == {"hf": "1.15.0"}
@@ -40,7 +42,7 @@ def test_pr_4206_is_a_resume_failure_before_1_15_and_a_pass_from_it(registry):
 
 
 def test_trainer_fsdp1_empty_adapter_is_the_peft_finding_on_0_21_only(registry):
-    failing = resume_failure("trainer-fsdp1", NOT_SAVED)
+    failing = resume_failure("trainer-fsdp1", NOT_SAVED, ["not-saved", "loaded-differs"])
     assert tied(known_issues.match(failing, NEW, registry)) == "peft-fsdp1-nested-units-adapter-state-dict-empty"
     assert not tied(known_issues.match(failing, OLD, registry))  # peft 0.17.1 saves the adapter
 
@@ -55,7 +57,8 @@ def test_bias_all_under_peft_wrap_policy_is_our_finding(registry):
 
 @pytest.mark.parametrize("plugin", ["accelerate-ddp", "trainer-ddp", "trainer-fsdp2"])
 def test_a_block_unfrozen_after_the_optimizer_is_the_optimizers_rule(registry, plugin):
-    message = "step 0: trainable param did not move: blocks.2.fc1.bias, blocks.2.fc1.weight"
+    message = "step 0: update differs from reference: blocks.2.fc1.bias, blocks.2.fc1.weight"
     failing = cell(plugin, "last-block-after-optimizer", "fail", message, check="update",
-                   failures=[{"check": "update", "message": message, "params_kind": "trained"}])
+                   failures=[{"check": "update", "message": message, "kinds": ["update-differs"],
+                              "params": ["blocks.2.fc1.bias", "blocks.2.fc1.weight"], "params_kind": "trained"}])
     assert tied(known_issues.match(failing, NEW, registry)) == "optimizer-built-before-unfreeze"
