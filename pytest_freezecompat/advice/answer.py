@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..core.names import SEVERITIES, SEVERITY_MEANING, UNCHECKED
+from ..core.names import SEVERITIES, SEVERITY_MEANING, not_checked
 from .nearest import RED, SAFE, Row, describe, held, severity
 from .workarounds import outcome
 
@@ -29,17 +29,12 @@ def change_text(changes: list[list[str]] | tuple[tuple[str, str, str], ...]) -> 
     return ", ".join(f"{axis} {old or '-'} -> {new}" for axis, old, new in changes)
 
 
-def unchecked(cell: Row) -> list[str]:
-    """What an unproven cell did not check, in `UNCHECKED`'s words (a key it does not know, as it is)."""
-    return [UNCHECKED.get(key, key) for key in cell.get("unchecked") or []]
-
-
 def lines(cell: Row) -> list[str]:
     """What `advise` prints for one cell of an annotated report (`advice.annotate`)."""
     verdict = severity(cell)
     on_resume = " on resume" if verdict in RED and cell.get("check") == "resume" else ""
     out = [f"{cell['id']}: {verdict.upper()}{on_resume} ({cell['status']}): {SEVERITY_MEANING[verdict]}"]
-    out += [f"  not checked {what}" for what in unchecked(cell)]
+    out += [f"  not checked {what}" for what in not_checked(cell.get("unchecked") or ())]
     if why(cell):
         out.append(f"  why         {_cut(why(cell))}")
     known = cell.get("known_issue") or {}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.names import HARMFUL, SAFE
-from ..verdict.severity import severity_of
+from ..verdict.severity import recorded as severity
 
 Row = dict[str, Any]
 
@@ -51,11 +51,6 @@ class Alternative:
 
 class NotInReport(ValueError):
     """A setup the report does not hold; the message is one line naming the values it holds instead."""
-
-
-def severity(row: Row) -> str:
-    """The row's severity; rows written before severity was recorded get it computed."""
-    return row.get("severity") or severity_of(row)
 
 
 @functools.cache  # a report holds a few releases; coverage asks about each hundreds of thousands of times

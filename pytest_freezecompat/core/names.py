@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,11 @@ UNCHECKED = {
     "resume": "resume: no save -> load round trip ran on this cell",
     "ranks": "every rank: another rank's grads or params were not read, so only rank 0's were judged",
 }
+
+
+def not_checked(keys: Iterable[str]) -> list[str]:
+    """What a cell did not check (`UNCHECKED` keys), in the words every format uses; an unknown key as it is."""
+    return [UNCHECKED.get(key, key) for key in keys]
 #: The freeze-pattern group that stands for every parameter of a model.
 ALL_GROUP = "all"
 

@@ -17,9 +17,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from ..core.cell import CellKey
-from ..core.names import HARMFUL, UNCHECKED
+from ..core.names import HARMFUL, not_checked
 from ..core.records import display_status
-from ..verdict.severity import severity_of
+from ..verdict.severity import recorded
 
 MESSAGE_CHARS = 160
 
@@ -77,13 +77,13 @@ def _compare(old: dict[str, Any], new: dict[str, Any]) -> Change | None:
 
 def _judged_otherwise(old: dict[str, Any], new: dict[str, Any]) -> Change | None:
     """The same raw status, judged otherwise: its severity or its cause changed."""
-    was, now = old.get("severity") or severity_of(old), new.get("severity") or severity_of(new)
+    was, now = recorded(old), recorded(new)
     parts = [f"severity {was} -> {now}"] if was != now else []
     if old.get("cause") != new.get("cause"):
         parts.append(f"cause {old.get('cause') or 'none'} -> {new.get('cause') or 'none'}")
     if not parts:
         return None
-    unchecked = [UNCHECKED.get(what, what) for what in new.get("unchecked") or ()]
+    unchecked = not_checked(new.get("unchecked") or ())
     detail = f"not checked: {'; '.join(unchecked)}" if now == "unproven" and unchecked else _detail(new)
     return Change(new["id"], _label(old), _label(new), now in HARMFUL and was not in HARMFUL, ", ".join(parts),
                   detail)

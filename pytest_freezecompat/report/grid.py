@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.names import HARMFUL, UNCHECKED
+from ..core.names import HARMFUL
 from ..core.records import STATUSES, display_status
-from ..verdict.severity import severity_of
+from ..verdict.severity import recorded as severity
 from .releases import release_order
 
 Cell = dict[str, Any]
@@ -29,16 +29,6 @@ CAUSE_HELP = {"freeze": "caused by freezing (the control passes, or a frozen / n
               "both": "the stack fails with nothing frozen too, and freezing changes or adds to it",
               "harness": "our own harness (or a user's freeze_case function) raised: says nothing about the stack"}
 _KEY_FIELDS = ("framework", "model", "init", "clip", "freeze", "plugin", "checkpoint")
-
-
-def severity(cell: Cell) -> str:
-    """A row's severity; rows of reports written before it are classified on the spot (the same pure rule)."""
-    return cell.get("severity") or severity_of(cell)
-
-
-def unchecked_text(cell: Cell) -> list[str]:
-    """What a cell did not check, in the words every format uses (`core.names.UNCHECKED`)."""
-    return [UNCHECKED.get(what, what) for what in cell.get("unchecked") or ()]
 
 
 def tolerance_text(cell: Cell) -> str | None:

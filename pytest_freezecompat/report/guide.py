@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..advice.answer import change_text
-from ..core.names import HARMFUL, SAFE, SEVERITIES, SEVERITY_MEANING, UNCHECKED
+from ..core.names import HARMFUL, SAFE, SEVERITIES, SEVERITY_MEANING, not_checked
 from . import grid
 from .markdown import anchor
 from .releases import release_order
@@ -269,7 +269,7 @@ def _on(models: tuple[str, ...]) -> str:
 
 def unproven_line(item: Unproven, guide: ReleaseGuide) -> str:
     """One line of which boxes of a release are unproven and what their cells did not check, for `guide.md`."""
-    words = "; ".join(UNCHECKED.get(key, key) for key in item.unchecked) or "a check that decides the verdict"
+    words = "; ".join(not_checked(item.unchecked)) or "a check that decides the verdict"
     return (f"**{item.cells} unproven**{_on(item.models)}, in {_boxes_text(item.boxes, guide)}: nothing failed, "
             f"but not checked: {words}")
 

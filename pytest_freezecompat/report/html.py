@@ -24,7 +24,7 @@ from markupsafe import Markup
 
 from ..advice.answer import change_text
 from ..advice.workarounds import outcome
-from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip
+from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, not_checked
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -151,7 +151,7 @@ class _Payload:
     def encode(self, cells: list[dict[str, Any]], plugins: tuple[str, ...]) -> dict[str, Any]:
         """`plugins`: the page's plugin columns, by the index their `data-p` attribute holds."""
         rows = [self.row({**cell, "display": display_status(cell), "resume": grid.round_trip(cell),
-                          "severity": grid.severity(cell), "unchecked": grid.unchecked_text(cell),
+                          "severity": grid.severity(cell), "unchecked": not_checked(cell.get("unchecked") or ()),
                           "tolerance": grid.tolerance_text(cell),
                           "instead": [{**found, "change": change_text(found["changes"])}
                                       for found in cell.get("instead") or []],

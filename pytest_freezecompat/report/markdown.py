@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, UNCHECKED, clip
+from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, not_checked
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -146,7 +146,7 @@ def _unproven(sections: list[grid.Section]) -> list[str]:
         unproven = [c for c in _cells(section) if grid.severity(c) == "unproven"]
         for what in dict.fromkeys(w for c in unproven for w in c.get("unchecked") or ()):
             alike = [c for c in unproven if what in (c.get("unchecked") or ())]
-            lines.append(f"| {_inline(section.framework)} | {_inline(UNCHECKED.get(what, what))} | {len(alike)} | "
+            lines.append(f"| {_inline(section.framework)} | {_inline(not_checked((what,))[0])} | {len(alike)} | "
                          f"`{_inline(alike[0]['id'])}` |")
     if not lines:
         return ["Every cell that passed ran every check that decides its verdict."]

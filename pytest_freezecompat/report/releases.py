@@ -19,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 from ..core.cell import CellKey
 from ..core.names import HARMFUL, SEVERITIES
 from ..core.records import FAILING, display_status
-from ..verdict.severity import severity_of
+from ..verdict.severity import recorded
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def across_releases(cells: Iterable[dict[str, Any]], bisections: Iterable[dict[s
             statuses = {r: display_status(per[r]) for r in releases if r in per and per[r]["status"] != "skip"}
             common += len(statuses) == len(releases)
             ordered = [(r, statuses[r]) for r in releases if r in statuses]
-            harm = {r: per[r].get("severity") or severity_of(per[r]) for r in statuses}
+            harm = {r: recorded(per[r]) for r in statuses}
             steps = [((a, harm[a]), (b, harm[b])) for (a, was), (b, now) in pairwise(ordered) if was != now]
             if not steps:
                 continue

@@ -110,7 +110,6 @@ class Problem:
     params: tuple[str, ...]
     scale: float | None = None  # grads: the one factor every differing grad is of the reference's
     ranks_combine: str | None = None  # grad_norm: "l2" where the ranks' own norms combine to the reference's
-    raised: bool = False  # resume: the save, the load or a resumed step raised (loud), rather than differed
     #: What it found, as `FAILURE_KINDS` (severity, cause and the registry read these, never `text`).
     kinds: tuple[str, ...] = ()
 
@@ -130,12 +129,16 @@ class CheckFailure:
     #: already moved differently (unclipped, a grad twice as large moves AdamW's params by a hair more).
     scale: float | None = None
     ranks_combine: str | None = None
-    raised: bool | None = None  # resume: the round trip raised (the cell's severity is then `refused`)
     #: What it found at any step, as `FAILURE_KINDS`, in the order first found.
     kinds: tuple[str, ...] = ()
     #: Whether a param it names is in the optimizer the stack built (None: it names none): a grad on a param no
     #: optimizer holds reaches no weight in the loop that ran.
     in_optimizer: bool | None = None
+
+    @property
+    def raised(self) -> bool | None:
+        """resume: the round trip raised (the cell's severity is then `refused`); None otherwise (left out of JSON)."""
+        return "raised" in self.kinds or None
 
     def to_json(self) -> dict[str, Any]:
         data = {"check": self.check, "step": self.step, "message": self.message, "params": list(self.params),
@@ -250,8 +253,13 @@ def _check_flags(records: list[RankRecord], trainable: set[str]) -> Problem | No
                    kinds=("flag-changed",))
 
 
+def _tracked(records: list[RankRecord]) -> set[str]:
+    """What the stack's optimizer holds: the union over ranks (each may hold its own shard's params)."""
+    return set().union(*(set(r.tracked or ()) for r in records))
+
+
 def _check_tracked(records: list[RankRecord], optimized: set[str]) -> Problem | None:
-    tracked = set().union(*(set(r.tracked or ()) for r in records))
+    tracked = _tracked(records)
     extra, missing = tracked - optimized, optimized - tracked
     parts, kinds = [], []
     if extra:
@@ -416,7 +424,7 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
     raised = [r.resume.error for r in records if r.resume is not None and r.resume.error is not None]
     if raised:
         err = _earliest(raised)
-        return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", (), raised=True,
+        return Problem(f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where})", (),
                        kinds=("raised",))
     lead, names, trainable = records[0], set(plan.names), set(plan.trainable)
     outside = trainable - set(plan.optimized)
@@ -434,7 +442,7 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
                if flag != (n in trainable)}
     if changed:
         finding("flag-after-load", "requires_grad after load differs from the freeze pattern", changed)
-    before = set().union(*(set(r.tracked or ()) for r in records))
+    before = _tracked(records)
     after = set().union(*(set(r.resume.tracked or ()) for r in records if r.resume))
     if after - before:
         finding("tracks-more-after-load", "the resumed optimizer tracks what it did not before the save",
@@ -609,7 +617,7 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     failures.sort(key=lambda f: (f[0], CHECKS.index(f[1])))
     held = (set(plan.names) - set(plan.trainable)) | (set(plan.names) - set(plan.optimized))
     no_grad = {n for n in plan.names if all((s.grads or {}).get(n) is None for s in lead.reference)} - held
-    tracked = set().union(*(set(r.tracked or ()) for r in records))
+    tracked = _tracked(records)
     by_check: dict[str, CheckFailure] = {}
     for check in dict.fromkeys(check for _, check, _ in failures):
         mine = [(step, problem) for step, c, problem in failures if c == check]
@@ -617,7 +625,7 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         by_check[check] = CheckFailure(
             check, mine[0][0], " | ".join(problem.text for _, problem in mine), params, bool(held & set(params)),
             _params_kind(params, held, no_grad), mine[0][1].scale,
-            _same([problem.ranks_combine for _, problem in mine]), any(problem.raised for _, problem in mine) or None,
+            _same([problem.ranks_combine for _, problem in mine]),
             tuple(dict.fromkeys(kind for _, problem in mine for kind in problem.kinds)),
             bool(tracked & set(params)) if params else None)
     first = next(iter(by_check.values()))
@@ -773,7 +781,7 @@ def _judge_run(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | No
         # lead's record, which holds the reference, never came; the peer's raise is the cell's resume failure.
         err = failed.resume.error
         text = f"{err.phase}: {err.type}: {err.message} (rank {err.rank}, {err.where}); left waiting: {stuck}"
-        failure = CheckFailure("resume", failed.resume.saved_after + 1, text, (), raised=True, kinds=("raised",))
+        failure = CheckFailure("resume", failed.resume.saved_after + 1, text, (), kinds=("raised",))
         return Verdict(Status.FAIL, "resume", text, failures=[failure])
     base = judge_records([failed], cell.precision, may_refuse)
     return Verdict(Status.ERROR, None, f"{base.message}; left waiting: {stuck}", harness=base.harness,

@@ -97,6 +97,11 @@ def severity_of(row: Row) -> str:
     return "costly"
 
 
+def recorded(row: Row) -> str:
+    """The row's severity as written; a row of a report written before severity was recorded is judged now."""
+    return row.get("severity") or severity_of(row)
+
+
 def assign(rows: list[Row]) -> list[Row]:
     """Set each row's `severity` in place; returns the rows."""
     for row in rows:
