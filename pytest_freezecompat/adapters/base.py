@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +60,10 @@ class Probe(Protocol):
 
     def emulated(self, what: str) -> None:
         """Record that a CUDA-on-CPU shim patch really engaged (the cell is labelled `emulation`)."""
+
+    def observed(self, fact: str, value: object) -> None:
+        """What the stack really is, read from the objects it built (`ZeRO stage` from the engine, the wrapper's
+        class): the controller holds it against what the cell's name promises (`AdapterDeclaration.observes`)."""
 
     def wrapped(self, view: ModelView) -> None:
         """After wrapping, materializing and building the optimizer, before the first step."""
@@ -162,6 +166,21 @@ class AdapterBase:
 
     def reference_model(self, cell: Cell) -> tuple[nn.Module, LossOf] | None:
         return None
+
+
+#: How cells name a precision, by the dtype the model computes in.
+PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def precision_of(params: Iterable[torch.Tensor]) -> str:
+    """The precision the wrapped model computes in, as cells name it (`bf16+fp32` where its params are mixed)."""
+    return "+".join(sorted({PRECISION_NAMES.get(p.dtype, str(p.dtype)) for p in params})) or "no params"
+
+
+def class_among(obj: object, classes: tuple[type, ...]) -> str:
+    """The first of the framework's `classes` that `obj` is an instance of, by name; else its own class's name (a
+    wrapper may build a class per model, as `fully_shard` does)."""
+    return next((cls.__name__ for cls in classes if isinstance(obj, cls)), type(obj).__name__)
 
 
 def apply_freeze(plan: FreezePlan, model: nn.Module, names: Callable[[str], str] = str) -> None:

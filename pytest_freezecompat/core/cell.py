@@ -122,6 +122,12 @@ class Cell:
     #: first one to judge it runs it, the others cite that cell (`round_trip_of`) and their ranks skip theirs.
     round_trip: str = ""
     round_trip_of: str | None = None
+    #: The stack this cell's name promises (`AdapterDeclaration.promised`), and the facts its adapter reports once
+    #: it has wrapped: the verdict compares them with what the ranks observed (`verdict.stack`).
+    promised_stack: dict[str, str] = field(default_factory=dict)
+    observes: tuple[str, ...] = ()
+    #: Whose installed versions the ranks record (the framework's and its companions', torch always).
+    distributions: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:

@@ -25,6 +25,22 @@ class AdapterDeclaration:
     #: Plain words for a plugin, init or checkpoint value: what a user writes in their own code to get it
     #: (`fsdp1` -> "FSDP(use_orig_params=False)"), shown beside the value in every report and in `advise`.
     words: Mapping[str, str] = field(default_factory=dict)
+    #: Facts of the stack as it really runs that the adapter reports (`Probe.observed`) on every cell once it has
+    #: wrapped (`wrapper`, `precision`, ...); "precision" is promised by the cell's precision.
+    observes: tuple[str, ...] = ()
+    #: What a plugin, init or checkpoint value promises of the stack (`zero2` -> {"zero_stage": "2"}); the adapter
+    #: reports each promised fact too. A run that shows another value ran another stack than its name says: a
+    #: harness state with what was seen, never a verdict. A fact not reported after wrapping is one as well.
+    promises: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: The distributions (PyPI names) whose installed versions every row records: the framework and its companions.
+    distributions: tuple[str, ...] = ()
+
+    def promised(self, values: tuple[str, ...], precision: str) -> dict[str, str]:
+        """What a cell with these axis values promises of the observed stack."""
+        facts = {"precision": precision} if "precision" in self.observes else {}
+        for value in values:
+            facts.update(self.promises.get(value, {}))
+        return facts
 
     def offers(self, axis: str) -> tuple[str, ...]:
         return {"plugin": self.plugins, "init": self.init, "checkpoint": self.checkpoint}[axis]

@@ -110,6 +110,10 @@ class RankRecord:
     phase: str = "setup"
     notes: list[str] = field(default_factory=list)
     emulated: list[str] = field(default_factory=list)  # shim patches that really engaged
+    #: The stack as the adapter read it from what the framework built (`Probe.observed`), fact -> value.
+    observed: dict[str, str] = field(default_factory=dict)
+    #: Installed versions of torch and the cell's distributions, as this rank imported them.
+    versions: dict[str, str] = field(default_factory=dict)
     steps: list[StepFacts] = field(default_factory=list)
     grad_access: str | None = None
     requires_grad: dict[str, bool] | None = None
@@ -232,6 +236,10 @@ class CellRecord:
     error: dict[str, str] | None = None
     #: The commit of this package the cell ran at (`-dirty`: with uncommitted changes), so a stitched report shows it.
     commit: str | None = None
+    #: The stack as it ran (`RankRecord.observed`, rank 0's; where ranks saw different values, each rank's, joined).
+    observed: dict[str, str] = field(default_factory=dict)
+    #: Installed versions of torch, the framework and its companions, as the ranks imported them.
+    versions: dict[str, str] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -246,7 +254,7 @@ class CellRecord:
                          "round_trip_of", "severity", "tolerance", "error", "commit"):
             if data[optional] is None:
                 del data[optional]
-        for listed in ("differences", "unchecked"):
+        for listed in ("differences", "unchecked", "observed", "versions"):
             if not data[listed]:
                 del data[listed]
         return data

@@ -8,6 +8,8 @@ build the model -> freeze (before wrapping) -> checkpoint mode -> adapter.run
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import time
 import traceback
 from collections.abc import Callable
@@ -114,6 +116,9 @@ class Recorder:
         if self.rank == 0:
             resume.loaded = to_numpy(params)
 
+    def observed(self, fact: str, value: object) -> None:
+        self.record.observed[fact] = str(value)
+
     def wrapped(self, view: ModelView) -> None:
         self.phase("read state after wrap")
         self.record.grad_access = view.grad_access
@@ -148,6 +153,20 @@ class Recorder:
         params = view.full_params()
         if self._keeps_tensors():
             self._step(step).params = to_numpy(params)
+
+
+def installed_versions(distributions: tuple[str, ...]) -> dict[str, str]:
+    """What this process would import: a row's verdict is about these versions, whatever the environment pinned."""
+    return {name: _installed_version(name) for name in dict.fromkeys(distributions)}
+
+
+@functools.cache
+def _installed_version(name: str) -> str:
+    """Once per process: a rank serves many cells, and reading the installed metadata walks `sys.path`."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def describe_error(exc: BaseException, phase: str, rank: int, step: int | None = None) -> RankError:
@@ -311,6 +330,7 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
              kept: KeptState) -> RankRecord:
     recorder = Recorder(rank, send_phase)
     record = recorder.record
+    record.versions = installed_versions(("torch", *cell.distributions))
     torch.manual_seed(cell.hyper.seed)
     batches, loss = _data(cell)
     plans: list[FreezePlan] = []

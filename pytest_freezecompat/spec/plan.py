@@ -136,16 +136,19 @@ def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str
             skip = (f"{fw.name} is not importable in this environment ({missing}); "
                     f"its environment is {release.environment!r}")
         emulation = bool(effects.get("emulation", False))
+        precision = str(effects.get("precision", "fp32"))
         yield Cell(key=key, environment=release.environment, adapter=fw.declaration.implementation,
                    world_size=world_size, device=device,
                    pattern=patterns[freeze], groups=user.groups if user else spec.models[model],
-                   precision=str(effects.get("precision", "fp32")), emulation=emulation,
+                   precision=precision, emulation=emulation,
                    shim=fw.declaration.emulation if emulation else None,
                    options=options, skip=str(skip) if skip else None,
                    known_issue=str(effects["known_issue"]) if "known_issue" in effects else None,
                    user_model=user.model if user else None, tolerance=dict(user.tolerance) if user else {},
                    hyper=Hyper() if clip == LATER_AXES["clip"] else Hyper(max_norm=0.0),
-                   round_trip=round_trip_group(fw, key, effects, options))
+                   round_trip=round_trip_group(fw, key, effects, options),
+                   promised_stack=fw.declaration.promised((plugin, init, checkpoint), precision),
+                   observes=fw.declaration.observes, distributions=fw.declaration.distributions)
 
 
 def round_trip_group(fw: Framework, key: CellKey, effects: dict[str, object], options: dict[str, object]) -> str:

@@ -37,6 +37,7 @@ from ..core.records import (
     Status,
     StepFacts,
 )
+from . import stack
 
 
 @dataclass(frozen=True)
@@ -745,6 +746,10 @@ def judge(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | None = 
     """The cell's verdict from everything the pool saw, including hangs and crashes; `cited`: the round trip of
     its group it cites (`Cell.round_trip_of`), judged on the cell that ran it."""
     verdict = _judge_run(run, cell, timeout_s, cited)
+    other_stack = stack.mismatch(cell, [s.record for s in run.ranks if s.record is not None])
+    if other_stack is not None:  # the verdict would be about a setup the cell does not name
+        verdict = Verdict(Status.ERROR, None, other_stack, verdict.notes, harness=True,
+                          raised_in=verdict.raised_in or "wrapping")
     if verdict.tolerance is None:  # nothing was judged (a refusal, a hang): the tolerances it would have met
         base = dataclasses.replace(FP32, **(cell.tolerance or {}))
         verdict.tolerance = stated_tolerance(base, cell.precision, {})
@@ -798,7 +803,8 @@ def run_facts(run: CellRun, cell: Cell) -> dict[str, Any]:
     return {"emulation": bool(engaged) or (cell.emulation and len(replied) < len(run.ranks)), "emulated": engaged,
             "grad_access": lead.grad_access if lead else None,
             "grad_norm_source": ", ".join(sorted(sources)) or None,
-            "resume_api": lead.resume.api if lead and lead.resume and lead.resume.api else None}
+            "resume_api": lead.resume.api if lead and lead.resume and lead.resume.api else None,
+            "observed": stack.observed_stack(replied), "versions": stack.row_versions(replied)}
 
 
 def rank_details(run: CellRun) -> list[dict[str, Any]]:

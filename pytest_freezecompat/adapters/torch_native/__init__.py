@@ -13,4 +13,14 @@ DECLARATION = AdapterDeclaration(
            "meta": "model built on the meta device, materialized by the wrapper", "none": "no activation checkpointing",
            "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
+    observes=("wrapper", "precision"),
+    promises={"ddp": {"wrapper": "DistributedDataParallel", "find_unused_parameters": "False"},
+              "ddp-find-unused": {"wrapper": "DistributedDataParallel", "find_unused_parameters": "True"},
+              "fsdp1": {"wrapper": "FullyShardedDataParallel", "use_orig_params": "False",
+                        "sharding_strategy": "FULL_SHARD"},
+              "fsdp1-orig-params": {"wrapper": "FullyShardedDataParallel", "use_orig_params": "True",
+                                    "sharding_strategy": "FULL_SHARD"},
+              "fsdp2": {"wrapper": "FSDPModule"}},
+    # The example models come from transformers and peft: their versions are part of what a row ran.
+    distributions=("transformers", "peft"),
 )

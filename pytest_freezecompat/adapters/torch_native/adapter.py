@@ -20,9 +20,9 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 try:
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 except ImportError:  # torch < 2.6 keeps FSDP2 here
-    from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed._composable.fsdp import FSDPModule, fully_shard
 from torch.distributed import checkpoint as dcp
 from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ... import models
 from ...core.freeze import FreezePlan
-from ..base import AdapterBase, RunContext, apply_freeze
+from ..base import AdapterBase, Probe, RunContext, apply_freeze, class_among, precision_of
 from ..loop import Saved, train
 from ..materialize import MetaInit
 from ..saved_files import dcp_contents, full_contents, load_file
@@ -309,5 +309,17 @@ class TorchAdapter(AdapterBase):
         apply_freeze(plan, model)
         ctx.probe.phase(f"wrap ({plugin})")
         loop = WRAP[plugin](ctx, model, plan)
+        _observe(ctx.probe, loop.model)
         dist.barrier()
         return loop
+
+
+def _observe(probe: Probe, wrapped: nn.Module) -> None:
+    """The wrapper as it was built, read back from it (`promises` in the package's declaration)."""
+    probe.observed("wrapper", class_among(wrapped, (DDP, FSDP, FSDPModule)))
+    probe.observed("precision", precision_of(wrapped.parameters()))
+    if isinstance(wrapped, DDP):
+        probe.observed("find_unused_parameters", wrapped.find_unused_parameters)
+    if isinstance(wrapped, FSDP):
+        probe.observed("use_orig_params", wrapped._use_orig_params)
+        probe.observed("sharding_strategy", wrapped.sharding_strategy.name)
