@@ -64,7 +64,7 @@ def test_the_guide_counts_the_example_models_cells_in_each_box():
     lora = table_row(text, "hf 1.10.1", "lora")[header.strip("|").split("|")[1:].index(f" `{PLUGIN}` ")]
     assert "✅" not in lora and lora.startswith("🟥 2 silent + 🟧 2 refused of 6")
     why = next(line for line in text.splitlines() if ADAPTER_ONLY["id"] in line)
-    assert "**2 silent** on save → load" in why and "`tiny-llama-lora`" in why and "**fixed in 1.15.0**" in why
+    assert "**2 silent** on save → load" in why and "`tiny-llama-lora`" in why and "**fixed in hf 1.15.0**" in why
     assert "`lora-modules-to-save`" in text  # a pattern only a user's model has gets its row
 
 

@@ -137,7 +137,7 @@ def test_the_guide_marks_each_box_and_says_what_to_do_instead():
     assert "| `lora` | 🟧 refused 1/2 [1] | ✅ safe | 🟥 silent [2] |" in text  # worst mark, bad/ran, why-lines
     assert "Wrappers: `fsdp1` FSDP(use_orig_params=False)." in text
     assert ("1. **1 refused** when checkpoint=none, in `lora` × `fsdp1`: FSDP1 refuses a unit with mixed "
-            "requires_grad [`fsdp1-mixed-unit`]; **fixed in 2.9.0**. **Instead**: FSDP(use_orig_params=True) "
+            "requires_grad [`fsdp1-mixed-unit`]; **fixed in torch 2.9.0**. **Instead**: FSDP(use_orig_params=True) "
             "(`plugin=fsdp1-orig-params`, proved: `tiny-gpt/torch/2.8.0/fsdp1-orig-params/eager/none/lora/clip`)"
             ) in text
     assert ("2. **1 silent**, in `lora` × `ddp`: no known issue or finding explains it. **Instead**: plugin ddp -> "

@@ -4,20 +4,23 @@ setup, the values the report holds. Lines of text from an annotated report."""
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 
-from ..core.names import SEVERITIES, SEVERITY_MEANING, not_checked
+from ..core.names import SEVERITIES, SEVERITY_MEANING, cpu_only, fixed_in_words, not_checked
 from .nearest import RED, SAFE, Row, describe, held, severity
 from .workarounds import outcome
 
-#: A terminal line: longer messages are cut, matrix.json has them whole.
-WIDTH = 160
+#: A terminal line: longer texts wrap onto lines of their own, indented under their label.
+WIDTH = 120
 #: The axes that tell the setups of one question apart (`setup`), the model first where a question spans several.
 VARYING_AXES = ("model", "checkpoint", "init", "clip")
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= WIDTH else text[:WIDTH - 4] + " ..."
+def _wrapped(label: str, text: str) -> list[str]:
+    """`  why         text...` wrapped at `WIDTH`, whole: a reader must never be handed half a reason."""
+    return textwrap.wrap(text, WIDTH, initial_indent=f"  {label:10}  ", subsequent_indent=" " * 14,
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def why(cell: Row) -> str:
@@ -36,16 +39,17 @@ def lines(cell: Row) -> list[str]:
     out = [f"{cell['id']}: {verdict.upper()}{on_resume} ({cell['status']}): {SEVERITY_MEANING[verdict]}"]
     out += [f"  not checked {what}" for what in not_checked(cell.get("unchecked") or ())]
     if why(cell):
-        out.append(f"  why         {_cut(why(cell))}")
+        out += _wrapped("why", why(cell))
     known = cell.get("known_issue") or {}
     if known.get("expected"):
         kind = "finding" if known.get("kind") == "finding" else "upstream"
         pointer = (known.get("links") or [known.get("link") or known.get("reproducer")])[0]
-        fixed = ", ".join(f"{framework} {release}" for framework, release in (known.get("fixed_in") or {}).items())
         out.append(f"  known       {known['id']} ({kind})" + (f" {pointer}" if pointer else ""))
-        out.append(f"  fixed in    {fixed or 'no release yet'}")
+        out.append(f"  fixed in    {fixed_in_words(known) or 'no release yet'}")
+        if cpu_only(known):
+            out += _wrapped("where", f"{cpu_only(known)}; the workarounds below are for CPU runs")
         if known.get("no_workaround"):
-            out.append(f"  workaround  none known: {_cut(known['no_workaround'])}")
+            out += _wrapped("workaround", f"none known: {known['no_workaround']}")
     elif verdict in RED:
         out.append("  known       no known issue or finding explains it")
     if verdict in SAFE:

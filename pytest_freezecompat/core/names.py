@@ -147,3 +147,22 @@ def headline(text: str, limit: int = HEADLINE_CHARS) -> str:
         lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
         return clip(f"{lines[0].split(_EMBEDDED_TRACEBACK)[0].strip()}: {lines[-1]}", limit)
     return clip((text.strip().split("\n\n") or [""])[0], limit)
+
+
+#: How reports name where a mechanism exists only on this project's CPU runs (an entry's `only_on`).
+ONLY_ON_WORDS = {"gloo": "gloo (CPU process groups)", "cpu": "CPU runs"}
+
+
+def cpu_only(known: dict[str, Any]) -> str | None:
+    """`Only on gloo (CPU process groups); on GPU: ...`: what every format says beside such an entry and its
+    "instead", so that a CPU artefact never reads as the framework's failure on GPUs; None for other entries."""
+    scope = known.get("only_on") or {}
+    if not scope:
+        return None
+    return f"Only on {ONLY_ON_WORDS.get(scope['backend'], scope['backend'])}; on GPU: {scope['elsewhere']}"
+
+
+def fixed_in_words(known: dict[str, Any]) -> str:
+    """`torch 2.9.0`: the releases that fixed an entry, by package, as every format and every framework sharing the
+    entry says it ("" where none has)."""
+    return ", ".join(f"{package} {release}" for package, release in (known.get("fixed_in") or {}).items())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..advice.answer import change_text
-from ..core.names import HARMFUL, SAFE, SEVERITIES, SEVERITY_MEANING, not_checked
+from ..core.names import HARMFUL, SAFE, SEVERITIES, SEVERITY_MEANING, cpu_only, fixed_in_words, not_checked
 from . import grid
 from .markdown import anchor
 from .releases import release_order
@@ -33,8 +33,6 @@ SYMBOLS = {severity: mark.split()[0] for severity, mark in MARKS.items()}
 NOT_SAFE = tuple(s for s in SEVERITIES if s not in SAFE and s != "skipped")
 #: The axes a box sums over: a bad box says which of their values its bad cells share ("when init=lazy").
 SETUP_AXES = ("checkpoint", "init", "clip")
-#: A summary's first sentence, cut to a line.
-REASON_CHARS = 220
 
 
 @dataclass(frozen=True)
@@ -211,8 +209,7 @@ def unproven_groups(guide: ReleaseGuide) -> list[Unproven]:
 def reason(entry: dict[str, Any]) -> str:
     """An entry's first sentence: the one-line why."""
     summary = " ".join(entry.get("summary", "").split())
-    first = summary.split(". ")[0].rstrip(".")
-    return first if len(first) <= REASON_CHARS else first[:REASON_CHARS - 4] + " ..."
+    return summary.split(". ")[0].rstrip(".")
 
 
 def box_text(box: Box | None, refs: list[int]) -> str:
@@ -277,7 +274,6 @@ def unproven_line(item: Unproven, guide: ReleaseGuide) -> str:
 def harm_line(harm: Harm, guide: ReleaseGuide) -> str:
     """One line of what goes wrong on a release, where and when, why, and what to do instead (proved), for
     `guide.md`."""
-    framework = guide.framework
     entry = harm.entry
     where = f" when {harm.when}" if harm.when else ""
     how = " + ".join(f"{n} {severity}" for severity, n in harm.severities.items())
@@ -285,8 +281,10 @@ def harm_line(harm: Harm, guide: ReleaseGuide) -> str:
             f"{_boxes_text(harm.boxes, guide)}: ")
     if entry:
         text += f"{reason(entry)} [`{entry['id']}`]"
-        fixed = (entry.get("fixed_in") or {}).get(framework)
+        fixed = fixed_in_words(entry)
         text += f"; **fixed in {fixed}**" if fixed else "; no fixed release"
+        scope = cpu_only(entry)
+        text += f". **{scope}**" if scope else ""
     else:
         text += "no known issue or finding explains it"
     workaround = harm.workaround

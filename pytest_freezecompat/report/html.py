@@ -24,7 +24,7 @@ from markupsafe import Markup
 
 from ..advice.answer import change_text
 from ..advice.workarounds import outcome
-from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, not_checked
+from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, cpu_only, fixed_in_words, not_checked
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -56,6 +56,7 @@ SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
              ("grad_access", "s"), ("grad_norm_source", "s"), ("resume", "s"), ("resume_api", "s"),
              ("round_trip_of", "s"), ("message", "s"), ("notes", "S"), ("severity", "s"), ("convention", "s"),
              ("differences", "S"), ("unchecked", "S"), ("tolerance", "s"),
+             ("stack", "s"), ("versions", "s"), ("cpu_only", "s"),
              ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]"),
              ("instead", "[instead]"), ("workarounds", "[workaround]")),
     "instead": (("change", "s"), ("cell", "s"), ("severity", "s")),
@@ -152,13 +153,20 @@ class _Payload:
         """`plugins`: the page's plugin columns, by the index their `data-p` attribute holds."""
         rows = [self.row({**cell, "display": display_status(cell), "resume": grid.round_trip(cell),
                           "severity": grid.severity(cell), "unchecked": not_checked(cell.get("unchecked") or ()),
-                          "tolerance": grid.tolerance_text(cell),
+                          "tolerance": grid.tolerance_text(cell), "stack": _facts_text(cell.get("observed")),
+                          "versions": _facts_text(cell.get("versions")),
+                          "cpu_only": cpu_only(cell.get("known_issue") or {}),
                           "instead": [{**found, "change": change_text(found["changes"])}
                                       for found in cell.get("instead") or []],
                           "workarounds": [{**proof, "outcome": outcome(proof)}
                                           for proof in cell.get("workarounds") or []]}, "cell") for cell in cells]
         return {"shapes": SHAPES, "strings": list(self.strings), "texts": [list(t) for t in self.texts],
                 "issues": [json.loads(i) for i in self.issues], "plugins": plugins, "cells": rows}
+
+
+def _facts_text(facts: dict[str, str] | None) -> str | None:
+    """`wrapper DeepSpeedEngine · zero_stage 2`: a row's observed stack or versions in one line."""
+    return " · ".join(f"{name} {value}" for name, value in facts.items()) if facts else None
 
 
 def _emulated(cells: list[dict[str, Any]]) -> bool:
@@ -228,8 +236,7 @@ def _known_issues(cells: list[dict[str, Any]], table: list[dict[str, Any]]) -> l
         views.append({"id": issue_id, "summary": known.get("summary", ""), "links": grid.links(known),
                       "cells": len(mine), "known": counts["known"], "fixed": counts["fixed?"],
                       "other": ", ".join(f"{n} {s}" for s, n in counts.items() if s not in ("known", "fixed?")),
-                      "fixed_in": ", ".join(f"{name} {release}" for name, release in
-                                            (known.get("fixed_in") or {}).items()),
+                      "fixed_in": fixed_in_words(known), "cpu_only": cpu_only(known) or "",
                       "narrow": sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine),
                       "workarounds": _workarounds(issue_id, known, table),
                       "no_workaround": known.get("no_workaround", "")})

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, not_checked
+from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, cpu_only, fixed_in_words, not_checked
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -445,15 +445,17 @@ def _known_issues(cells: list[Cell], workarounds: list[dict[str, Any]]) -> list[
         where = "; ".join(f"{_inline(fw)}: " + ", ".join(map(_inline, grid.distinct(
             [c for c in mine if c["framework"] == fw], "plugin"))) for fw in grid.distinct(mine, "framework"))
         links = _links(known)
-        fixed = ", ".join(f"{name} {release}" for name, release in (known.get("fixed_in") or {}).items())
+        fixed = fixed_in_words(known)
+        scope = cpu_only(known)
         narrow = sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine)
         lines.append(f"- **{_inline(issue_id)}** ({_issue_tally(mine)}) — {where} — {_inline(known.get('summary', ''))}"
                      + (f" — **fixed in {_inline(fixed)}**" if fixed else "")
+                     + (f" — **{_inline(scope)}**" if scope else "")
                      + (f" — ⚠ range too narrow: {narrow} red cells outside its versions fail as it describes"
                         if narrow else "") + (f" — {links}" if links else ""))
         proved = [row for row in workarounds if row["entry"] == issue_id]
         if proved:
-            lines.append(f"  - **Instead**: {_workaround_states(proved)}")
+            lines.append(f"  - **Instead**{' (on CPU)' if scope else ''}: {_workaround_states(proved)}")
         elif known.get("no_workaround"):
             lines.append(f"  - **No workaround known**: {_inline(known['no_workaround'])}")
     return lines

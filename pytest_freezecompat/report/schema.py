@@ -52,7 +52,7 @@ KNOWN_ISSUE = Table(required={"id": "string"},
                               "fixed": "boolean", "range_too_narrow": "boolean", "versions": Table(),
                               "fixed_in": Table(), "kind": "string", "reproducer": "string",
                               "workarounds": ListOf(Table(required={"change": Table(), "says": "string"})),
-                              "no_workaround": "string"})
+                              "no_workaround": "string", "only_on": Table()})
 #: A red cell's nearest safe setups (`advice.annotate`): the cell, its severity, and each (axis, from, to).
 INSTEAD = Table(required={"cell": "string", "severity": "string", "changes": ListOf(ListOf("string"))})
 #: An explained red cell's workarounds (`advice.annotate`): the cell each leads to (null: not in the report) and
@@ -80,7 +80,7 @@ CELL = Table(
               "round_trip_of": "string", "convention": "string", "differences": STRINGS, "severity": "string",
               "instead": ListOf(INSTEAD), "workarounds": ListOf(PROOF), "unchecked": STRINGS, "tolerance": Table(),
               "error": Table(required={"type": "string", "message": "string"}),
-              "commit": "string",
+              "commit": "string", "observed": Table(), "versions": Table(),
               **dict.fromkeys(LATER_AXES, "string")})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's

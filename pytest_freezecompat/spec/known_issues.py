@@ -35,7 +35,10 @@ SELECTOR_AXES = tuple(axis for axis in KEY_AXES if axis != "release")
 SELECTOR_KEYS = (*SELECTOR_AXES, "device")
 REQUIRED = ("id", "summary", "links", "when", "versions", "status")
 #: At least one of `selectors.FIELDS` (kinds, params, pattern) says which failure an entry explains.
-OPTIONAL = (*selectors.FIELDS, "check", "predicts", "fixed_in", "kind", "reproducer", "workarounds", "no_workaround")
+#: Where a mechanism may exist only on this project's CPU runs: the gloo backend, or CPU tensors/devices.
+ONLY_ON = ("gloo", "cpu")
+OPTIONAL = (*selectors.FIELDS, "check", "predicts", "fixed_in", "kind", "reproducer", "workarounds", "no_workaround",
+            "only_on")
 #: What a workaround may change of a cell it explains: the user keeps their model and framework; `freeze` names a
 #: pattern that applies a recipe (e.g. the idle branch frozen), which the matrix runs like any other.
 WORKAROUND_AXES = ("checkpoint", "clip", "freeze", "init", "plugin")
@@ -92,6 +95,9 @@ class Entry:
     workarounds: tuple[Workaround, ...] = ()
     #: Why no workaround is known (an entry with neither this, workarounds nor fixed_in is incomplete).
     no_workaround: str | None = None
+    #: Where the mechanism exists only on our CPU runs: {backend = "gloo" | "cpu", elsewhere = "what a GPU/NCCL run
+    #: sees, and whether it ran"}. Every format says so beside the entry and its "instead".
+    only_on: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
         """A user's cell is selected by the stack alone (framework, plugin, init, checkpoint, device): its model
@@ -150,7 +156,7 @@ class Entry:
         optional = {"link": self.links[0] if self.links else None, "fixed_in": dict(self.fixed_in),
                     "kind": self.kind if self.kind != "upstream" else None, "reproducer": self.reproducer,
                     "workarounds": [workaround.describe() for workaround in self.workarounds],
-                    "no_workaround": self.no_workaround}
+                    "no_workaround": self.no_workaround, "only_on": dict(self.only_on)}
         return {**described, **{key: value for key, value in optional.items() if value}}
 
 
@@ -320,10 +326,15 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
         raise error("no_workaround", "must say why no workaround is known (a non-empty string)")
     if no_workaround is not None and workarounds:
         raise error("no_workaround", "the entry lists workarounds: drop one of the two")
+    only_on = body.get("only_on", {})
+    if only_on and (not isinstance(only_on, dict) or set(only_on) != {"backend", "elsewhere"}
+                    or only_on["backend"] not in ONLY_ON or not str(only_on["elsewhere"]).strip()):
+        raise error("only_on", f"must be {{ backend = {' | '.join(repr(b) for b in ONLY_ON)}, elsewhere = \"what a "
+                               "GPU/NCCL run sees\" }")
     seen[body["id"]] = index
     return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, failure, check,
                  dict(predicts), dict(fixed_in), kind, reproducer, workarounds,
-                 no_workaround.strip() if no_workaround else None)
+                 no_workaround.strip() if no_workaround else None, dict(only_on))
 
 
 def _workarounds(raw: Any, error: Any) -> tuple[Workaround, ...]:

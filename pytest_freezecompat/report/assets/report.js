@@ -166,6 +166,9 @@
     add(dl, 'cause', c.cause);
     add(dl, 'loop judged', c.convention);
     add(dl, 'tolerance', c.tolerance || 'none stated (a refusal, or a report written before tolerances were stated)');
+    add(dl, 'stack as it ran', c.stack || 'not observed (refused before the stack was built, or a report written '
+      + 'before the stack was recorded)');
+    add(dl, 'versions', c.versions);
     body.append(dl);
     if (c.unchecked.length) {
       const ul = el('ul');
@@ -195,6 +198,7 @@
       const p = el('p');
       p.append(el('strong', k.id + (k.kind === 'finding' ? ' (a finding of this matrix)' : '')));
       if (k.summary) p.append(el('span', ' — ' + k.summary));
+      if (c.cpu_only) p.append(el('div', c.cpu_only));
       const ul = el('ul');
       k.links.forEach(h => { const li = el('li'); li.append(link(h)); ul.append(li); });
       if (k.reproducer) ul.append(el('li', 'reproducer: ' + k.reproducer + ' (run it with the environment\'s python)'));
@@ -216,6 +220,7 @@
       });
       if (!c.workarounds.length && !c.instead.length) ul.append(el('li', 'no safe setup of this model, pattern and framework in this report'));
       if (k && k.no_workaround) ul.append(el('li', 'no workaround known: ' + k.no_workaround));
+      if (c.cpu_only) ul.prepend(el('li', c.cpu_only + ': what follows is for CPU runs'));
       body.append(el('h3', 'what to do instead'), ul);
     }
     if (c.notes.length) {
