@@ -333,10 +333,26 @@ def test_every_failure_carries_its_kinds_and_whether_the_optimizer_holds_what_it
     assert by_check["grads"].in_optimizer is True
 
 
-def test_every_judged_row_states_its_tolerance():
+def test_every_judged_row_states_its_tolerance_and_how_much_of_it_was_used():
     stated = judge(base_record()).tolerance
     assert stated == {"precision": "fp32", **{f: getattr(checks.FP32, f) for f in (
-        "grad_rtol", "grad_atol", "param_rtol", "param_atol", "norm_rtol")}}
+        "grad_rtol", "grad_atol", "param_rtol", "param_atol", "norm_rtol")}, "used": {"grads": 0.0, "params": 0.0}}
+    record = base_record()
+    record.steps[0].grads = {**record.steps[0].grads, "w": arr(0.1, -0.2 + 1.05e-5)}  # half its tolerance
+    used = judge(record).tolerance["used"]["grads"]
+    assert 0.4 < used < 0.6
+
+
+def test_one_noisy_tensor_no_longer_widens_every_other_tensors_low_precision_room():
+    """Room per tensor: `b`'s bf16 spread is 40% of its scale, `w`'s 0.1%; a 10% error on `w` was within the old
+    shared room (2 x 40% of w's scale) and is beyond its own (2 x max(0.1%, one bf16 epsilon))."""
+    ref = StepFacts({"w": arr(1.0, -2.0), "b": arr(0.5)}, 1.0, None, {})
+    mixed = StepFacts({"w": arr(1.002, -2.0), "b": arr(0.7)}, 1.0, None, {})
+    room = checks.measured_room(ref, mixed)
+    assert room.grad("b") == pytest.approx(2 * 0.4 * 0.5)
+    assert room.grad("w") == pytest.approx(2 * checks.LOW_PRECISION_FLOOR * 2.0)
+    ten_percent_off = arr(1.2, -2.0)
+    assert not checks.close(ten_percent_off, ref.grads["w"], rtol=1e-4, atol=1e-6 + room.grad("w"))
 
 
 def test_an_error_keeps_what_the_stack_raised_in_its_own_words():

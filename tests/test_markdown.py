@@ -222,3 +222,14 @@ def test_an_unproven_pass_is_never_drawn_as_a_pass_and_says_what_did_not_run():
     not_proven = section(md, "## Not proven")
     assert "| torch | training: the stack never ran a step" in not_proven
     assert "`tiny-gpt/torch/ddp/eager/none/all`" in not_proven
+
+
+def test_the_share_of_tolerance_passing_rows_used_is_tabled_per_precision():
+    tolerance = {"precision": "fp32", "grad_rtol": 1e-4, "grad_atol": 1e-6, "param_rtol": 1e-4, "param_atol": 1e-3,
+                 "norm_rtol": 1e-4}
+    rows = [cell(freeze=freeze, tolerance={**tolerance, "used": {"grads": share, "params": share / 2}})
+            for freeze, share in (("none", 0.1), ("embedding", 0.2), ("lora", 0.9))]
+    text = markdown.render(write.build({"torch": ENV}, rows))
+    section = text.split("## How close passes came to their tolerance", 1)[1]
+    assert "| fp32 | grads | 3 | 0.2 | 0.9 | 0.9 | 0.9 |" in section
+    assert "| fp32 | params | 3 | 0.1 | 0.45 | 0.45 | 0.45 |" in section

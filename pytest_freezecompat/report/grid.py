@@ -7,6 +7,7 @@ table cell one slot per checkpoint mode. Cells are found by their key fields, ne
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,10 +39,39 @@ def tolerance_text(cell: Cell) -> str | None:
         return None
     text = (f"{tol['precision']}: grads rtol {tol['grad_rtol']:g} atol {tol['grad_atol']:g}; params rtol "
             f"{tol['param_rtol']:g} atol {tol['param_atol']:g}; clip norm rtol {tol['norm_rtol']:g}")
-    if "spread_factor" in tol:
+    if "per_tensor_floor" in tol:
+        text += (f"; plus {tol['spread_factor']:g}x each tensor's own measured {tol['precision']} spread, at least "
+                 f"{tol['per_tensor_floor']:.2e} of its scale (widest {tol['widest_relative_grad_spread']:.2e})")
+    elif "spread_factor" in tol:  # judged before the room was per tensor
         text += (f"; plus {tol['spread_factor']:g}x the precision's measured spread (widest relative grad spread "
                  f"{tol['widest_relative_grad_spread']:.2e} of each tensor's scale)")
+    used = tol.get("used")
+    if used:
+        text += f"; used at most {used['grads']:.2g} of it on grads, {used['params']:.2g} on params"
     return text
+
+
+#: The shares of their tolerance that `tolerance_used_table` shows per precision.
+QUANTILES = (0.5, 0.9, 0.99, 1.0)
+
+
+def tolerance_used(cells: list[Cell]) -> dict[str, dict[str, list[float]]]:
+    """Per precision, the sorted shares of their tolerance that passing rows used, grads and params apart (rows
+    judged before shares were stated are left out)."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for cell in cells:
+        used = (cell.get("tolerance") or {}).get("used")
+        if cell["status"] != "pass" or not used:
+            continue
+        per = found.setdefault(cell["tolerance"]["precision"], {"grads": [], "params": []})
+        for what in per:
+            per[what].append(used[what])
+    return {precision: {what: sorted(values) for what, values in per.items()} for precision, per in found.items()}
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The `q` quantile of sorted `values` (nearest rank)."""
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
 def untied(cell: Cell) -> bool:

@@ -493,6 +493,23 @@ def _across_releases(rows: list[Cell], bisections: list[dict[str, Any]]) -> list
     return lines
 
 
+def _tolerance_used(rows: list[Cell]) -> list[str]:
+    """How close passing rows came to their tolerance, per precision: a pass at 0.9 of it is a near miss."""
+    used = grid.tolerance_used(rows)
+    if not used:
+        return []
+    head = " | ".join(f"{q:g} quantile" if q < 1 else "max" for q in grid.QUANTILES)
+    lines = ["", "## How close passes came to their tolerance", "",
+             "Each passing row's largest |stack − reference| / tolerance over every element it judged (1 = at the "
+             "edge), grads and params apart; tolerances are per tensor, from the precision's own measured spread.", "",
+             f"| precision | judged | passing rows | {head} |", "|---|---|---|" + "---|" * len(grid.QUANTILES)]
+    for precision, per in sorted(used.items()):
+        for what, values in per.items():
+            lines.append(f"| {precision} | {what} | {len(values)} | "
+                         + " | ".join(f"{grid.quantile(values, q):.2g}" for q in grid.QUANTILES) + " |")
+    return lines
+
+
 def render(report: dict[str, Any]) -> str:
     """matrix.md for `report` (matrix.json's content)."""
     rows = [with_later_axes(cell) for cell in report["cells"]]
@@ -507,7 +524,7 @@ def render(report: dict[str, Any]) -> str:
            "alternative the matrix ran and found safe. `freezecompat advise --framework F --plugin P --freeze X` "
            "answers one setup.", "",
            "## How bad, per framework release", "", *_harm(sections), "", _legend(), "",
-           "## Not proven", "", *_unproven(sections)]
+           "## Not proven", "", *_unproven(sections), *_tolerance_used(rows)]
     for section in sections:
         out += _framework_summary(section, report)
     out += ["", "## Raw statuses and causes", "", *_counts(sections), "", _retries(cells), "", "## Grids"]

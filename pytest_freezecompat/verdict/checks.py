@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,15 +72,15 @@ REFUSAL_NOTE = "refused before the first step"
 class Room:
     """Absolute slack at one step beyond `FP32`, per tensor: what the cell's low precision itself costs.
 
-    Grads: the step's widest relative spread (|mixed - fp32| / the tensor's largest |grad|, over all tensors)
-    times each tensor's scale: bf16 rounding spreads through backward, so one tensor's spread bounds another's
-    only relative to its size. Params: each tensor's own largest spread (storage rounding, Adam's reaction).
+    Grads: each tensor's own relative spread (|mixed - fp32| / its largest |grad|), at least one bf16 epsilon, times
+    its scale: one noisy tensor no longer widens every other's. Params: each tensor's own largest spread (storage
+    rounding, Adam's reaction).
     """
 
     grads: dict[str, float] = field(default_factory=dict)
     params: dict[str, float] = field(default_factory=dict)
     norm: float = 0.0
-    spread: float = 0.0  # the step's widest relative grad spread
+    spread: float = 0.0  # the step's widest relative grad spread (stated; no longer anyone else's room)
 
     def grad(self, name: str) -> float:
         return self.grads.get(name, 0.0)
@@ -89,18 +89,23 @@ class Room:
         return self.params.get(name, 0.0)
 
 
+#: The least relative grad spread a low-precision tensor is allowed: one bf16 epsilon (2^-7) of its scale. The mixed
+#: reference may round a tensor more kindly than the stack does (a grad it sums in fp32, the stack in bf16).
+LOW_PRECISION_FLOOR = 2.0 ** -7
+
+
 def measured_room(ref: StepFacts, mixed: StepFacts) -> Room:
     """The room a low-precision cell gets at one step, from the two reference runs (SPREAD_FACTOR times it)."""
     pairs = {n: (r, (mixed.grads or {}).get(n)) for n, r in (ref.grads or {}).items()}
     pairs = {n: (r, m) for n, (r, m) in pairs.items() if r is not None and m is not None and r.shape == m.shape}
     scales = {n: float(np.max(np.abs(r), initial=0.0)) for n, (r, _) in pairs.items()}
-    widest = max((float(np.max(np.abs(m - r))) / scales[n] for n, (r, m) in pairs.items() if scales[n] > 0),
-                 default=0.0)
+    relative = {n: float(np.max(np.abs(m - r))) / scales[n] for n, (r, m) in pairs.items() if scales[n] > 0}
+    widest = max(relative.values(), default=0.0)
     params = {n: SPREAD_FACTOR * float(np.max(np.abs(mixed.params[n] - r), initial=0.0))
               for n, r in (ref.params or {}).items() if n in (mixed.params or {}) and mixed.params[n].shape == r.shape}
     norm_spread = max(abs((mixed.norm or 0.0) - (ref.norm or 0.0)), widest * abs(ref.norm or 0.0))
-    return Room({n: SPREAD_FACTOR * widest * scale for n, scale in scales.items()}, params,
-                SPREAD_FACTOR * norm_spread, widest)
+    grads = {n: SPREAD_FACTOR * max(relative.get(n, 0.0), LOW_PRECISION_FLOOR) * scale for n, scale in scales.items()}
+    return Room(grads, params, SPREAD_FACTOR * norm_spread, widest)
 
 
 @dataclass(frozen=True)
@@ -595,7 +600,8 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         ("resume", ran_all and cited is None and lead.resume is None),
         ("ranks", any(step.params is None for record in records[1:] for step in record.steps[:len(lead.steps)]))
     ) if missing]
-    stated = stated_tolerance(tol, precision, rooms)
+    stated = {**stated_tolerance(tol, precision, rooms),
+              "used": tolerance_used(lead, conventions[convention], rooms, tol, outside)}
     trip_notes: list[str] = []
     if cited is not None:  # its group's round trip, judged on the cell that ran it
         resumed, trip_notes = (cited.problem, list(cited.notes)) if ran_all else (None, [])
@@ -669,13 +675,57 @@ def _agree(have: Any, want: Any, rtol: float, atol: float) -> bool:
 
 def stated_tolerance(tol: Tolerance, precision: str, rooms: dict[int, Room]) -> dict[str, Any]:
     """What a row states of how it was judged: the fp32 tolerances every cell gets, and for a low-precision cell the
-    room its precision's measured spread added (per tensor: `SPREAD_FACTOR` times the step's widest relative grad
-    spread, times the tensor's scale)."""
+    room its precision's measured spread added (per tensor: `SPREAD_FACTOR` times that tensor's own relative grad
+    spread, at least `LOW_PRECISION_FLOOR`, times the tensor's scale)."""
     stated: dict[str, Any] = {"precision": precision, **dataclasses.asdict(tol)}
     if any(room.spread for room in rooms.values()):
         stated["spread_factor"] = SPREAD_FACTOR
+        stated["per_tensor_floor"] = LOW_PRECISION_FLOOR
         stated["widest_relative_grad_spread"] = float(f"{max(room.spread for room in rooms.values()):.3g}")
     return stated
+
+
+def _share(got: dict[str, Any] | None, want: dict[str, Any], allowed: Callable[[str, Any], Any],
+           skip: dict[str, Any] | None = None) -> float:
+    """The largest |got - want| / allowed over the tensors both hold (elements `skip` marks left out)."""
+    worst = 0.0
+    for name, expected in want.items():
+        have = (got or {}).get(name)
+        if expected is None or have is None or have.shape != expected.shape:
+            continue
+        ratio = np.abs(have - expected) / allowed(name, expected)
+        if skip is not None and name in skip:
+            ratio = np.where(skip[name], 0.0, ratio)
+        worst = max(worst, float(np.max(ratio, initial=0.0)))
+    return worst
+
+
+def tolerance_used(lead: RankRecord, ref_steps: list[StepFacts], rooms: dict[int, Room], tol: Tolerance,
+                   outside: set[str]) -> dict[str, float]:
+    """The largest share of its tolerance any judged element used on rank 0, grads and params apart (1.0: at the
+    edge): what a reader weighs a pass by, and what the report's distribution per precision is made of. A step's
+    grads count at the stack's own params where those were judged too; params leave out the Adam sign flips of
+    near-zero grads that `_check_update` allows."""
+    used = {"grads": 0.0, "params": 0.0}
+    quiet: dict[str, np.ndarray] = {}
+    own = lead.reference_at_own_params or []
+    for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
+        room = rooms.get(step, Room())
+        for name, grad in (ref.grads or {}).items():
+            if grad is not None:
+                quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
+
+        def grad_allowed(name: str, want: Any, room: Room = room) -> Any:
+            return tol.grad_atol + room.grad(name) + tol.grad_rtol * np.abs(want)
+
+        def param_allowed(name: str, want: Any, room: Room = room) -> Any:
+            return tol.param_atol + room.param(name) + tol.param_rtol * np.abs(want)
+
+        wants = [ref] + ([own[step]] if step < len(own) and own[step] is not None else [])
+        used["grads"] = max(used["grads"], min(_share(_without(got.grads, outside), _without(w.grads, outside),
+                                                      grad_allowed) for w in wants))
+        used["params"] = max(used["params"], _share(got.params, ref.params or {}, param_allowed, quiet))
+    return {key: float(f"{value:.3g}") for key, value in used.items()}
 
 
 def _without(values: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:
