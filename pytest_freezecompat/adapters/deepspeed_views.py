@@ -20,13 +20,17 @@ use_environment_cache()  # before DeepSpeed is imported: its ops load from the e
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
+from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum  # noqa: E402
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # noqa: E402
+from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3  # noqa: E402
+from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer  # noqa: E402
 from deepspeed.utils import groups as ds_groups  # noqa: E402
 from deepspeed.utils import safe_get_full_grad, safe_get_full_optimizer_state  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ..core.cell import Cell  # noqa: E402
-from .base import RunContext  # noqa: E402
+from .base import Probe, RunContext, class_among, precision_of  # noqa: E402
 from .loop import Saved  # noqa: E402
 from .saved_files import load_file  # noqa: E402
 from .views import ParamView, all_gather_tensors  # noqa: E402
@@ -73,6 +77,43 @@ def ds_config(cell: Cell, plugin: Plugin, world_size: int) -> dict[str, Any]:
         if plugin.offload:  # ... and refuses to offload one unless told not to swap in DeepSpeedCPUAdam
             config["zero_force_ds_cpu_optimizer"] = False
     return config
+
+
+def observe_engine(probe: Probe, engine: Any) -> None:
+    """The engine as DeepSpeed built it, read back from it: its class, the ZeRO stage it runs, where its ZeRO optimizer
+    keeps the optimizer state, the optimizer it steps (`engine.basic_optimizer`: the client's, or the one it built
+    from the config), the precision its module computes in."""
+    probe.observed("wrapper", class_among(engine, (DeepSpeedEngine,)))
+    probe.observed("zero_stage", engine.zero_optimization_stage())
+    probe.observed("offload", offload_of(engine))
+    probe.observed("optimizer", type(engine.basic_optimizer).__name__)
+    probe.observed("precision", computes_in(engine))
+
+
+def offload_of(engine: Any) -> str:
+    """Where the optimizer state lives: the engine's `offload_optimizer` device ("none" where there is none), held
+    against the ZeRO optimizer DeepSpeed built (`cpu_offload` at stages 1-2, `offload_optimizer` at 3; without a ZeRO
+    optimizer, as at stage 0 or under bf16's BF16_Optimizer, nothing offloads): where they disagree, both."""
+    configured = engine.zero_offload_optimizer()
+    device = "none" if configured is None else OffloadDeviceEnum(configured.device).value  # the config keeps a str
+    optimizer = engine.optimizer
+    if isinstance(optimizer, DeepSpeedZeroOptimizer):
+        offloads = bool(optimizer.cpu_offload)
+    elif isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3):
+        offloads = bool(optimizer.offload_optimizer)
+    else:
+        offloads = False
+    if offloads == (device != "none"):
+        return device
+    return f"{device} in the engine's config, but {type(optimizer).__name__} offloads: {offloads}"
+
+
+def computes_in(engine: Any) -> str:
+    """The dtype of the module's params (`precision_of`), where the engine's own switch agrees with it
+    (`engine.bfloat16_enabled()`, `engine.fp16_enabled()`); else both."""
+    params = precision_of(engine.module.parameters())
+    switched = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
+    return params if params == switched else f"{params} (the engine's config: {switched})"
 
 
 def grad_access(plugin: Plugin) -> str:

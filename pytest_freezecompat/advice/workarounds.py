@@ -1,6 +1,6 @@
 """Workarounds, proved by the run: each red cell an entry explains leads, through each of the entry's workarounds,
 to another cell of the report; the workaround holds there if that cell's weights are right (`ok`; or, said apart,
-`differs`: right under another correct loop, or `costly`: right, but the optimizer holds frozen params).
+`differs`: right under another correct loop, or `costly`: right, at a cost in memory or compute).
 
 An entry's workarounds are another value of an axis (`change`), or its `fixed_in` release. A cell it leads to that
 is red for *another* entry's reason does not break it (it avoided this issue and met another: the user needs both
@@ -47,7 +47,8 @@ class Proof:
 #: What a workaround did on one red cell, in the words `advise` and the HTML panel both use (`outcome`).
 OUTCOMES = {"holds": "holds here",
             "another loop": "holds here under another correct loop (differs)",
-            "at a cost": "holds here at a cost (costly: the optimizer holds frozen params)",
+            "at a cost": "holds here at a cost (costly: right weights, but frozen params in the optimizer or grads no "
+                         "optimizer steps)",
             "blocked": "avoids this issue, but meets {blocked_by} there",
             "broken": "does NOT hold here",
             "unproved": "not proved here (the matrix has no such cell)",

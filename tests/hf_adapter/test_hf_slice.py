@@ -37,6 +37,9 @@ def test_ddp_runs_without_the_shim_and_trains_like_the_reference(pool: RankPool)
     assert steps[0].grads["tok_emb.weight"] is None and steps[0].grads["head.weight"] is not None
     assert steps[0].norm_source == "returned by accelerator.clip_grad_norm_"
     assert not records[0].emulated and records[0].resume is not None and records[0].resume.error is None
+    # what Accelerate built, read back from it (the row's `observed`): DDP's distributed type is the device's
+    assert all(r.observed == {"wrapper": "DistributedDataParallel", "precision": "fp32", "driver": "accelerate",
+                              "distributed_type": "MULTI_CPU"} for r in records), records[0].observed
 
 
 def test_fsdp2_runs_behind_the_labelled_shim_with_dtensor_grads(pool: RankPool) -> None:
@@ -50,6 +53,7 @@ def test_fsdp2_runs_behind_the_labelled_shim_with_dtensor_grads(pool: RankPool) 
         assert any("optimizer holds state for 0 of" in n for n in records[0].notes), records[0].notes
     assert records[0].emulated == [emulation.BACKEND]
     assert "DTensor" in records[0].grad_access
+    assert records[0].observed == c.promised_stack, records[0].observed  # what Accelerate built, read back from it
 
 
 def test_a_cell_after_an_fsdp_cell_gets_its_own_stack(pool: RankPool) -> None:

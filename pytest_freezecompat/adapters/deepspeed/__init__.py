@@ -25,4 +25,15 @@ DECLARATION = AdapterDeclaration(
            "none": "no activation checkpointing", "reentrant": "torch.utils.checkpoint(use_reentrant=True)",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False)",
            "framework": "deepspeed.checkpointing.checkpoint"},
+    # Read back from the engine after `deepspeed.initialize` (`deepspeed_views.observe_engine`); zero_init from the
+    # params as the constructor left them (`ds_id`, partitioned), before initialize partitions an eager model too.
+    observes=("wrapper", "zero_stage", "offload", "optimizer", "precision", "zero_init"),
+    promises={**{f"{stage}{suffix}": {
+        "wrapper": "DeepSpeedEngine", "zero_stage": stage[4], "offload": "cpu" if "offload" in stage else "none",
+        # engine.basic_optimizer: the user's AdamW, or what DeepSpeed builds for the config's {"type": "AdamW"}
+        "optimizer": ("DeepSpeedCPUAdam" if "offload" in stage else "FusedAdam") if suffix == CONFIG_OPTIMIZER
+        else "AdamW"} for stage in STAGES for suffix in ("", CONFIG_OPTIMIZER, BF16)},
+        "eager": {"zero_init": "False"}, "zero-init": {"zero_init": "True"}},
+    # The example models come from transformers and peft (under DeepSpeed too): their versions are part of a row.
+    distributions=("deepspeed", "transformers", "peft"),
 )

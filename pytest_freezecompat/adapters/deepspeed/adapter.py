@@ -26,12 +26,20 @@ import deepspeed  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from deepspeed.runtime import engine as ds_engine  # noqa: E402
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # noqa: E402
 from deepspeed.utils import safe_set_full_fp32_param  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ... import models  # noqa: E402
 from ..base import AdapterBase, RunContext, apply_freeze  # noqa: E402
-from ..deepspeed_views import DeepSpeedView, Plugin, ds_config, keep_world_clone, saved_contents  # noqa: E402
+from ..deepspeed_views import (  # noqa: E402
+    DeepSpeedView,
+    Plugin,
+    ds_config,
+    keep_world_clone,
+    observe_engine,
+    saved_contents,
+)
 from ..loop import Saved, train  # noqa: E402
 from ..views import settle_groups  # noqa: E402
 from . import CONFIG_OPTIMIZER  # noqa: E402
@@ -184,6 +192,14 @@ def _checkpoint_blocks_with_deepspeed(model: nn.Module) -> None:
         block.forward = forward
 
 
+def _partitioned(model: nn.Module) -> bool:
+    """Whether the model came out of its constructor partitioned, as `zero.Init` leaves it: every param a ZeRO-3
+    param (`ds_id`) whose data is not on this rank (`ds_status` NOT_AVAILABLE). Read before `deepspeed.initialize`,
+    which partitions an eager model's params too."""
+    params = list(model.parameters())
+    return bool(params) and all(hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in params)
+
+
 def _fill_partitioned(ctx: RunContext, model: nn.Module) -> None:
     """`models.init_weights` on a model built inside `zero.Init`: each param gathered, filled, re-partitioned."""
     for name, param in model.named_parameters():
@@ -239,9 +255,11 @@ class DeepSpeedAdapter(AdapterBase):
                 raise ValueError("zero.Init partitions params at construction: stage 3 only")
             with _transformers_construction_under_zero3(), deepspeed.zero.Init(config_dict_or_path=config):
                 model = ctx.build_model(device=ctx.device, initialize=False)
+            partitioned = _partitioned(model)
             _fill_partitioned(ctx, model)
         else:
             model = ctx.build_model(device=ctx.device)
+            partitioned = _partitioned(model)
         if ctx.cell.key.checkpoint == "framework":
             _checkpoint_blocks_with_deepspeed(model)
         plan = ctx.resolve_plan(model)
@@ -252,6 +270,8 @@ class DeepSpeedAdapter(AdapterBase):
         else:
             chosen = [p for n, p in model.named_parameters() if p.requires_grad and n in plan.optimized]
             engine, *_ = deepspeed.initialize(model=model, optimizer=ctx.make_optimizer(chosen), config=config)
+        observe_engine(ctx.probe, engine)
+        ctx.probe.observed("zero_init", partitioned)
         dist.barrier()
         exclude = bool(ctx.cell.options.get(EXCLUDE_FROZEN, False))
         return _Loop(ctx, engine, plugin, DeepSpeedView(engine, plugin), exclude)

@@ -14,6 +14,20 @@ TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2", "trainer-fsdp2-full-state-dic
 #: Accelerate's DeepSpeed path, from both drivers (`zero`): ZeRO stage 2 or 3, the user's (the Trainer's) AdamW.
 ZERO_PLUGINS = ("accelerate-zero2", "accelerate-zero3", "trainer-zero2", "trainer-zero3")
 
+#: What each plugin promises of the stack besides its driver (`accelerate` or `trainer`, its id's first word).
+_DDP = {"wrapper": "DistributedDataParallel"}
+
+
+def _fsdp2(state_dict_type: str) -> dict[str, str]:
+    return {"wrapper": "FSDPModule", "distributed_type": "FSDP", "fsdp_version": "2",
+            "state_dict_type": state_dict_type}
+
+
+def _fsdp1(orig_params: bool, state_dict_type: str) -> dict[str, str]:
+    return {"wrapper": "FullyShardedDataParallel", "distributed_type": "FSDP", "fsdp_version": "1",
+            "use_orig_params": str(orig_params), "sharding_strategy": "FULL_SHARD", "state_dict_type": state_dict_type}
+
+
 DECLARATION = AdapterDeclaration(
     plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS, *ZERO_PLUGINS),
     init=("eager",),
@@ -50,4 +64,22 @@ DECLARATION = AdapterDeclaration(
            "eager": "model built as usual", "none": "no activation checkpointing",
            "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
+    # Read back after wrapping (adapters/hf/state.py `observe`): the prepared model's class, the precision it computes
+    # in, accelerator.state.distributed_type and who drives the loop (the Trainer inside train() or the user's loop);
+    # FSDP's version and state dict type from accelerator.state.fsdp_plugin, FSDP1's flat or original params and
+    # sharding from the wrapper, ZeRO's stage from the engine. DDP's distributed type is the device's (MULTI_CPU,
+    # MULTI_GPU): observed, not promised.
+    observes=("wrapper", "precision", "distributed_type", "driver"),
+    promises={plugin: {"driver": plugin.partition("-")[0], **facts} for plugin, facts in {
+        "accelerate-ddp": _DDP, "trainer-ddp": _DDP,
+        "accelerate-fsdp2": _fsdp2("SHARDED_STATE_DICT"), "trainer-fsdp2": _fsdp2("SHARDED_STATE_DICT"),
+        "trainer-fsdp2-full-state-dict": _fsdp2("FULL_STATE_DICT"),
+        "accelerate-fsdp1": _fsdp1(False, "SHARDED_STATE_DICT"),
+        "accelerate-fsdp1-orig-params": _fsdp1(True, "SHARDED_STATE_DICT"),
+        "accelerate-fsdp1-full-state-dict": _fsdp1(False, "FULL_STATE_DICT"),
+        "accelerate-fsdp1-orig-params-full-state-dict": _fsdp1(True, "FULL_STATE_DICT"),
+        "trainer-fsdp1": _fsdp1(True, "FULL_STATE_DICT"),
+        **{plugin: {"wrapper": "DeepSpeedEngine", "distributed_type": "DEEPSPEED", "zero_stage": plugin[-1]}
+           for plugin in ZERO_PLUGINS}}.items()},
+    distributions=("accelerate", "transformers", "peft", "deepspeed"),
 )

@@ -111,6 +111,7 @@ class AccelerateLoop:
             optimizer = ctx.make_optimizer(optimizer_params(model, plan.optimized))
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         staged.release(model, late)
+        state.observe(ctx.probe, self.accelerator, self.model)
         state.check(plugin, self.want_type, self.wrapper, self.accelerator, self.model, ctx.world_size)
         inner = _unwrap(self.optimizer)
         if self.wrapper == "ddp":

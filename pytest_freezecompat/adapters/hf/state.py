@@ -4,13 +4,18 @@
 (`ACCELERATE_USE_FSDP`, `FSDP_CPU_RAM_EFFICIENT_LOADING`, ...) and read them back as defaults; the shared state
 they keep survives a cell in a warm rank. `AcceleratorState._reset_state(True)` clears the shared state, not the
 variables: a warm rank would run the next cell with the previous cell's FSDP settings (HF-STACK.md §2). Every
-cell starts from `fresh()` and ends with `check()` of what it got.
+cell starts from `fresh()` and ends with `check()` of what it got, after `observe()` has reported it (the facts the
+package's declaration promises, read from the accelerator's state and the wrapper it built).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
+from typing import Any
+
+from ..base import Probe, class_among, precision_of
 
 #: The environment variable prefixes Accelerate and Transformers write and read as defaults.
 ENV_PREFIXES = ("ACCELERATE_", "FSDP_")
@@ -47,8 +52,6 @@ def fresh(keep: Iterable[str] = ()) -> list[str]:
 def wrapper_kind(model: object) -> str:
     """`ddp`, `fsdp1-flat`, `fsdp1-orig-params`, `fsdp2`, `deepspeed` or the class name: what wraps the prepared
     model."""
-    import sys
-
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -77,3 +80,51 @@ def check(plugin: str, want_type: str, want_wrapper: str, accelerator: object, m
             f"{plugin} asked for distributed_type={want_type}, num_processes={world_size}, wrapper {want_wrapper}; "
             f"Accelerate gave distributed_type={got_type}, num_processes={got_processes}, wrapper {got_wrapper} "
             f"(a leaked ACCELERATE_*/FSDP_* variable, or Accelerate's silent CPU fallback to DDP or to one process)")
+
+
+def _wrappers() -> tuple[type, ...]:
+    """The classes a prepared model may be, by the names the declaration promises (DeepSpeed's where it is imported:
+    an engine exists only where it is)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    engine = sys.modules.get("deepspeed.runtime.engine")
+    return (DDP, FSDP, FSDPModule, *((engine.DeepSpeedEngine,) if engine is not None else ()))
+
+
+def _driver(accelerator: Any, model: object, trainer: Any) -> str:
+    """Who owns the loop: the Trainer inside its `train()` (its `is_in_train`, with `model` the one it wrapped), or
+    the user's loop around a model their own `accelerator.prepare` returned (`accelerator._models` keeps it as
+    `save_state` saves it: DDP's bare module, FSDP's and DeepSpeed's wrapper)."""
+    if trainer is not None:
+        if not trainer.is_in_train:
+            return "Trainer outside train()"
+        return "trainer" if trainer.model_wrapped is model else "a model the Trainer did not wrap"
+    bare = accelerator.unwrap_model(model)
+    prepared = any(m is model or m is bare for m in accelerator._models)
+    return "accelerate" if prepared else "a model accelerator.prepare did not return"
+
+
+def observe(probe: Probe, accelerator: Any, model: Any, trainer: Any = None) -> None:
+    """What Accelerate built, read back from its state and the prepared model (`promises` in the package's
+    declaration): the wrapper's class, the distributed type, who drives the loop, the precision it computes in, and
+    FSDP's version, state dict type, flat or original params and sharding, or ZeRO's stage from the engine."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    state = accelerator.state
+    wrapper = class_among(model, _wrappers())
+    probe.observed("wrapper", wrapper)
+    # Accelerate's mixed precision casts in autocast or FSDP's policy over fp32 params; "no": the params' own dtype.
+    probe.observed("precision", accelerator.mixed_precision if accelerator.mixed_precision != "no"
+                   else precision_of(model.parameters()))
+    probe.observed("distributed_type", state.distributed_type.name)
+    probe.observed("driver", _driver(accelerator, model, trainer))
+    if state.distributed_type.name == "FSDP":
+        probe.observed("fsdp_version", state.fsdp_plugin.fsdp_version)
+        probe.observed("state_dict_type", state.fsdp_plugin.state_dict_type.name)
+    if isinstance(model, FSDP):
+        probe.observed("use_orig_params", model._use_orig_params)
+        probe.observed("sharding_strategy", model.sharding_strategy.name)
+    if wrapper == "DeepSpeedEngine":
+        probe.observed("zero_stage", model.zero_optimization_stage())

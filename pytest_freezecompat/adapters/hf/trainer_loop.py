@@ -228,13 +228,15 @@ class TrainerRun:
         self._view: ParamView | None = None
 
     def wrapped(self) -> ParamView:
-        """The view of what `train()` wrapped, once the stack is checked (`state.check`)."""
+        """The view of what `train()` wrapped, once the stack is reported (`state.observe`) and checked
+        (`state.check`)."""
         trainer = self.trainer
         want_type = "FSDP" if self.version else "MULTI_CPU" if self.ctx.device.type == "cpu" else "MULTI_GPU"
         if self.wrapper == "deepspeed":
             from . import zero
 
             want_type = zero.DISTRIBUTED_TYPE
+        state.observe(self.ctx.probe, trainer.accelerator, trainer.model_wrapped, trainer)
         state.check(self.plugin, want_type, self.wrapper, trainer.accelerator, trainer.model_wrapped,
                     self.ctx.world_size)
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)

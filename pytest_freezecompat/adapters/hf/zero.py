@@ -104,6 +104,7 @@ class AccelerateZeroLoop(AccelerateLoop):
         optimizer = ctx.make_optimizer(optimizer_params(model, plan.optimized))
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         staged.release(model, late)
+        state.observe(ctx.probe, self.accelerator, self.model)
         state.check(plugin, self.want_type, self.wrapper, self.accelerator, self.model, ctx.world_size)
         self.view = ZeroView(self.model, plugin)
         self.destroyed = False

@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from ... import models
 from ...core.cell import Cell
 from ...core.freeze import FreezePlan
-from ..base import AdapterBase, Batch, LossOf, RunContext, apply_freeze
+from ..base import AdapterBase, Batch, LossOf, Probe, RunContext, apply_freeze, precision_of
 from ..loop import train
 from ..views import all_gather_json, all_gather_tensors, settle_groups
 from . import WRAPPERS, compat
@@ -470,6 +470,7 @@ class MegatronAdapter(AdapterBase):
 
         ctx.probe.phase(f"wrap ({layout.wrapper})")
         wrapped, optimizer = self._wrap(ctx, config, bare, layout, names, plan, after_wrap)
+        _observe(ctx.probe, bare, wrapped, optimizer)
         config.no_sync_func = wrapped.no_sync
         dist.barrier()
         return _Loop(ctx, layout, _View(bare, names, dims, wrapped, optimizer, layout))
@@ -497,6 +498,35 @@ class MegatronAdapter(AdapterBase):
                                      adam_eps=h.eps, weight_decay=h.weight_decay, clip_grad=h.max_norm,
                                      use_distributed_optimizer=distopt)
         return wrapped, compat.megatron_optimizer(opt_config, [wrapped])
+
+
+#: The wrappers by the path users import them from (both classes are named DistributedDataParallel).
+WRAPPER_CLASSES = ((DistributedDataParallel, "megatron.core.distributed.DistributedDataParallel"),
+                   (TorchDDP, "torch.nn.parallel.DistributedDataParallel"))
+
+
+def _observe(probe: Probe, bare: GPTModel, wrapped: nn.Module, optimizer: Any) -> None:
+    """The stack as Megatron built it, read back from its objects (`promises` in the package's declaration): the
+    wrapper's class, the optimizer's (the distributed one or not; a stage with nothing to train gets a stub of the
+    same class from 0.11), the parallel layout from `parallel_state`, the recompute the model's own modules hold
+    (the block reads `config.recompute_granularity` in forward; each attention its `checkpoint_core_attention`)."""
+    probe.observed("wrapper", next((label for cls, label in WRAPPER_CLASSES if isinstance(wrapped, cls)),
+                                   f"{type(wrapped).__module__}.{type(wrapped).__qualname__}"))
+    probe.observed("precision", precision_of(wrapped.parameters()))
+    # get_megatron_optimizer returns one optimizer (< 0.12) or a ChainedOptimizer of them; torch DDP's is torch's
+    # own, or none on a pipeline stage with nothing to optimize.
+    inner = [] if optimizer is None else compat.chained_optimizers(optimizer)
+    probe.observed("optimizer", "+".join(type(opt).__name__ for opt in inner) or "none")
+    probe.observed("use_distributed_optimizer", any(isinstance(opt, DistributedOptimizer) for opt in inner))
+    probe.observed("tensor_model_parallel_size", ps.get_tensor_model_parallel_world_size())
+    probe.observed("pipeline_model_parallel_size", ps.get_pipeline_model_parallel_world_size())
+    probe.observed("data_parallel_size", ps.get_data_parallel_world_size())
+    block = bare.decoder.config
+    probe.observed("recompute_granularity", block.recompute_granularity or "none")
+    probe.observed("recompute_method", block.recompute_method or "none")
+    core_attention = {layer.self_attention.checkpoint_core_attention for layer in bare.decoder.layers}
+    probe.observed("checkpoint_core_attention",
+                   core_attention.pop() if len(core_attention) == 1 else "differs across layers")
 
 
 def _clip_torch_ddp(model: nn.Module, max_norm: float) -> float:
