@@ -201,3 +201,14 @@ def test_a_box_with_both_harms_counts_each():
     cells = (row("fail", "silent", checkpoint="reentrant"), row("error", "refused", init="meta"), row())
     assert guide.box_text(guide.Box("lora", "fsdp1", cells), [1, 2]) == "🟥 1 silent + 🟧 1 refused of 3 [1] [2]"
     assert guide.box_text(guide.Box("lora", "fsdp1", cells[:1] + cells[2:]), []) == "🟥 silent 1/2"
+
+
+def test_the_guide_names_the_patterns_a_line_s_workaround_never_holds_for():
+    """One line spans `lora` and `bias-only`; the workaround holds for `lora` and fails for `bias-only` (another bug
+    there): a reader of the `bias-only` box must not take it for theirs."""
+    report = {"cells": [red(), red(freeze="bias-only"), row(plugin="fsdp1-orig-params"),
+                        row("fail", "silent", plugin="fsdp1-orig-params", freeze="bias-only")],
+              "environments": {"torch": {"frameworks": {"torch": "2.8.0"}}}}
+    advice.annotate(report)
+    line = next(line for line in guide.render(report).splitlines() if "[`fsdp1-mixed-unit`]" in line)
+    assert "proved for 1 of 2; not for `bias-only`:" in line

@@ -141,17 +141,24 @@ def _best_workaround(cells: list[Row]) -> dict[str, Any] | None:
     for cell in cells:
         elsewhere = (cell["freeze"], cell["plugin"]) != (cells[0]["freeze"], cells[0]["plugin"])
         for proof in cell.get("workarounds") or []:
-            seen = tally.setdefault(proof["workaround"], {**proof, "held": 0, "judged": 0, "proofs": []})
+            seen = tally.setdefault(proof["workaround"], {**proof, "held": 0, "judged": 0, "proofs": [],
+                                                          "held_in": set(), "unheld_in": set()})
+            holds = proof["holds"] is not None and not proof.get("blocked_by") and bool(proof["holds"])
+            (seen["held_in"] if holds else seen["unheld_in"]).add(cell["freeze"])
             if proof["holds"] is not None and not proof.get("blocked_by"):
                 seen["judged"] += 1
-                seen["held"] += bool(proof["holds"])
-                if proof["holds"]:
+                seen["held"] += holds
+                if holds:
                     seen["proofs"].append((elsewhere, proof["proof"]))
     if not tally:
         return None
     best = max(tally.values(), key=lambda item: (item["held"], -list(tally).index(item["workaround"])))
+    # The patterns it holds for no cell of: a reader of such a box must not take the line's "instead" for theirs.
+    never = [freeze for freeze in dict.fromkeys(cell["freeze"] for cell in cells)
+             if freeze in best["unheld_in"] and freeze not in best["held_in"]]
     # the first box's own proofs first (a stable sort): the cell a reader of that box looks for
-    return {**best, "proofs": [proof for _, proof in sorted(best["proofs"], key=lambda item: item[0])]}
+    return {**best, "not_for": never,
+            "proofs": [proof for _, proof in sorted(best["proofs"], key=lambda item: item[0])]}
 
 
 def _models(hit: list[Row], boxes: list[Box]) -> tuple[str, ...]:
@@ -290,6 +297,8 @@ def harm_line(harm: Harm, guide: ReleaseGuide) -> str:
     workaround = harm.workaround
     if workaround and workaround["held"]:
         share = "" if workaround["held"] == harm.cells else f" for {workaround['held']} of {harm.cells}"
+        if workaround["not_for"]:
+            share += f"; not for {', '.join(f'`{freeze}`' for freeze in workaround['not_for'])}"
         text += (f". **Instead**: {workaround['says']} (`{workaround['workaround']}`, proved{share}: "
                  f"`{workaround['proofs'][0]}`)")
     elif harm.instead:
