@@ -45,13 +45,19 @@ from colossalai.booster.plugin import (
     TorchDDPPlugin,
     TorchFSDPPlugin,
 )
-from colossalai.lazy import LazyInitContext
+from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelModule
+from colossalai.booster.plugin.low_level_zero_plugin import LowLevelZeroModel
+from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPModel
+from colossalai.booster.plugin.torch_fsdp_plugin import TorchFSDPModel
+from colossalai.lazy import LazyInitContext, LazyTensor
 from colossalai.shardformer.policies.base_policy import Policy
+from colossalai.zero import GeminiDDP
+from colossalai.zero.low_level import LowLevelZeroOptimizer
 from torch import nn
 
 from ... import models
 from ...core.freeze import FreezePlan
-from ..base import AdapterBase, RunContext
+from ..base import AdapterBase, Probe, RunContext, class_among, precision_of
 from ..loop import Saved, train
 from ..saved_files import full_contents, load_file
 from ..views import FSDP1View, ParamView, settle_groups
@@ -462,15 +468,69 @@ def boost(ctx: RunContext, plugin_id: str) -> _Loop:
     # What a user passes to the optimizer: the params they mean to train, picked by name.
     optimized = [(n, p) for n, p in model.named_parameters() if n in plan.optimized and p.requires_grad]
     optimizer = make_optimizer(ctx, spec, [p for _, p in optimized])
+    # Whether the params are LazyInitContext's LazyTensors as built and as boost gets them (before boost: a boost that
+    # fails on a lazy model still shows what it got).
+    ctx.probe.observed("lazy_init", _lazy(model))
     if ctx.cell.key.init == "lazy-materialize":
         ctx.probe.phase("LazyInitContext.materialize")
         LazyInitContext.materialize(model)
+    ctx.probe.observed("lazy_at_boost", _lazy(model))
     ctx.probe.phase(f"boost ({plugin_id})")
     booster = Booster(plugin=spec.make(ctx.cell.precision, ctx.cell.hyper.max_norm, dict(ctx.cell.options)))
     boosted, boosted_optimizer, *_ = booster.boost(model, optimizer, criterion=models.loss_fn)
+    _observe(ctx.probe, booster, boosted, boosted_optimizer)
     dist.barrier()
     return _Loop(ctx, spec, booster, boosted, boosted_optimizer, spec.view(boosted, boosted_optimizer),
                  tuple(n for n, _ in optimized))
+
+
+def _lazy(model: nn.Module) -> bool:
+    """Whether the model's params are LazyInitContext's LazyTensors (`materialize` turns each into a plain param)."""
+    return any(isinstance(p, LazyTensor) for p in model.parameters())
+
+
+#: The model wrappers the plugins build: TorchDDP, TorchFSDP, LowLevelZero, Gemini and HybridParallel's.
+WRAPPERS = (TorchDDPModel, TorchFSDPModel, LowLevelZeroModel, GeminiDDP, HybridParallelModule)
+
+
+def _observe(probe: Probe, booster: Booster, model: Any, optimizer: Any) -> None:
+    """The stack as `boost` built it, read back from the boosted pair and the booster (`promises` in the package's
+    declaration): never from the plugin id or the options we passed."""
+    probe.observed("wrapper", class_among(model, WRAPPERS))
+    # The class's own name: LowLevelZeroPlugin renames its class after the last stage it was built with.
+    probe.observed("plugin", type(booster.plugin).__qualname__)
+    probe.observed("optimizer", type(optimizer).__name__)
+    probe.observed("precision", precision_of(model.parameters()))
+    # Whether boost handed back params still lazy (only ShardFormer and GeminiDDP materialize by themselves).
+    probe.observed("lazy_after_boost", _lazy(model))
+    if isinstance(model, TorchDDPModel):
+        probe.observed("find_unused_parameters", model.module.find_unused_parameters)
+    if isinstance(model, TorchFSDPModel):
+        probe.observed("sharding_strategy", model.module.sharding_strategy.name)
+        probe.observed("use_orig_params", model.module._use_orig_params)
+    if isinstance(model, (LowLevelZeroModel, HybridParallelModule)):
+        # ZeRO as the optimizer runs it: stage 2 partitions grads, stage 1 only the optimizer states; HybridParallel
+        # without ZeRO keeps a plain (naive or AMP) optimizer.
+        stage = (("2" if optimizer._partition_grads else "1") if isinstance(optimizer, LowLevelZeroOptimizer)
+                 else "0")
+        probe.observed("zero_stage", stage)
+    if isinstance(model, GeminiDDP):
+        probe.observed("placement_policy", model.gemini_manager.policy_name)
+        probe.observed("param_chunks", _param_chunks(model.chunk_manager))
+
+
+def _param_chunks(manager: Any) -> str:
+    """Gemini's chunks of (bf16) params as its ChunkManager built them: `count x capacity`, and whether they stay
+    gathered (params fewer than the minimum chunk size: one chunk, never sharded) or are sharded over the ranks.
+    Not promised: `gemini-split-chunks` (a minimum of 12288) splits only a model whose params outgrow one chunk
+    (tiny-gpt with `unused-branch`: 2 x 12288, sharded); with fewer it builds what `gemini` builds."""
+    groups = []
+    for name, chunks in manager.chunk_groups.items():
+        if name.startswith("fp16_param") and chunks:
+            capacities = sorted({chunk.chunk_size for chunk in chunks})
+            kept = sorted({"kept gathered" if chunk.keep_gathered else "sharded" for chunk in chunks})
+            groups.append(f"{len(chunks)} x {'/'.join(map(str, capacities))} ({', '.join(kept)})")
+    return "; ".join(groups) or "none"
 
 
 class ColossalAIAdapter(AdapterBase):
