@@ -108,3 +108,27 @@ def test_norm_tap_keeps_the_outermost_norm_and_restores_both_functions() -> None
     assert torch.allclose(param.grad.norm(), torch.tensor(1.0), atol=1e-5)  # it still clipped
     assert tap.take()[0] is None  # one value per step
     assert (torch.nn.utils.clip_grad_norm_, FSDP.clip_grad_norm_) == (clip, fsdp_clip)
+
+
+class FactProbe:
+    """Records what the adapter reports observing, as the rank's Recorder does (str of each value)."""
+
+    def __init__(self) -> None:
+        self.facts: dict[str, str] = {}
+
+    def observed(self, fact: str, value: object) -> None:
+        self.facts[fact] = str(value)
+
+
+@pytest.mark.parametrize(("precision", "named"), [("fp32", "fp32"), ("amp_fp16", "fp16"), ("amp_bf16", "bf16")])
+def test_observed_precision_is_what_the_model_computes_in(precision: str, named: str) -> None:
+    """Under AMP the params stay fp32 but autocast computes in the AMP dtype: the cell's precision names that (the
+    Trainer picks amp_fp16 by itself on a GPU when it is given no precision). Nothing wrapped: the bare class."""
+    from composer.core import Precision
+
+    probe = FactProbe()
+    state: Any = SimpleNamespace(model=nn.Linear(2, 2), precision=Precision(precision),
+                                 optimizers=[torch.optim.AdamW(nn.Linear(2, 2).parameters())], fsdp_enabled=False)
+    adapter._observe(probe, state)
+    assert probe.facts == {"wrapper": "Linear", "precision": named, "optimizer": "AdamW",
+                           "framework_activation_checkpointing": "False"}

@@ -69,6 +69,9 @@ def test_default_optimizer_tracks_every_param(pool: RankPool) -> None:
     assert (verdict.status, verdict.check) == ("fail", "optimizer")
     assert records[0].tracked == tuple(sorted(records[0].plan.names))
     assert any("DecoupledSGDW" in n for n in records[0].notes)
+    # The row records the stack as the Trainer built it: the verdict is the name's (no stack mismatch above).
+    assert {fact: records[0].observed[fact] for fact in ("wrapper", "optimizer", "use_orig_params")} == {
+        "wrapper": "FullyShardedDataParallel", "optimizer": "DecoupledSGDW", "use_orig_params": "True"}
 
 
 def test_flat_param_fsdp1_refuses_an_optimizer_subset_and_maps_the_flat_params(pool: RankPool) -> None:

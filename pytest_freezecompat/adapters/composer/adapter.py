@@ -31,11 +31,13 @@ from composer.loggers import Logger
 from composer.utils import collect_env
 from composer.utils.parallelism import FSDPConfig
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ... import models
 from .. import loop
-from ..base import AdapterBase, Batch, RunContext, apply_freeze, strip_wrapper_infixes
+from ..base import AdapterBase, Batch, Probe, RunContext, apply_freeze, class_among, precision_of, strip_wrapper_infixes
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
 from ..materialize import MetaInit
 from ..saved_files import dcp_keys, full_contents, load_file, state_names
@@ -209,6 +211,8 @@ def _view(base: str, shell: _Shell, state: State) -> ParamView:
 
 #: Composer's default names, spelled out because the round trip loads what they name: a full checkpoint is
 #: one file written by rank 0; a sharded one a folder (`FSDPConfig.sharded_ckpt_prefix_dir`) of DCP files.
+#: The cell's precision as Composer's Trainer names it.
+COMPOSER_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
 SAVE_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
 SHARDED_FOLDER = "ep{epoch}-ba{batch}"
 #: The bare model is the shell's child `model`: every key of Composer's model state dict starts with it.
@@ -296,6 +300,8 @@ class _Run:
             algorithms=[GradientClipping(clipping_type="norm", clipping_threshold=hyper.max_norm)]
             if hyper.clips else [],
             device="gpu" if self.ctx.device.type == "cuda" else "cpu", seed=hyper.seed,
+            # Said, not left to the default: on a GPU, Trainer picks AMP fp16 where it is given none.
+            precision=COMPOSER_PRECISION[self.ctx.cell.precision],
             loggers=[], progress_bar=False, log_to_console=False, autoresume=False,
             save_folder=None if save_folder is None else str(save_folder), save_filename=SAVE_FILENAME,
             save_interval=_saves_after(SAVE_AFTER_STEP),
@@ -303,6 +309,7 @@ class _Run:
             load_ignore_keys=ignore_keys, load_strict_model_weights=not ignore_keys,
         )
         self._view = _view(self.base, self.shell, self.trainer.state)
+        _observe(self.ctx.probe, self.trainer.state)
         return self.trainer
 
     @property
@@ -347,6 +354,35 @@ class _Run:
         # Composer's documented way to leave keys out of a load; it loads non-strict then.
         self.start(load_path=self.checkpoint(directory),
                    ignore_keys=None if omit is None else [f"state/model/{SHELL_PREFIX}{omit}"])
+
+
+#: Composer's AMP precisions (`Precision` values, the same on every release) -> the dtype autocast computes in.
+AUTOCAST = {"amp_fp16": "fp16", "amp_bf16": "bf16", "amp_fp8": "fp8"}
+
+
+def _observe(probe: Probe, state: State) -> None:
+    """The stack the Trainer built, read back from its State once `__init__` has wrapped the model, built or
+    re-created the optimizer and loaded any checkpoint (`promises` in the package's declaration).
+
+    The wrapper is the outermost DDP / FSDP1 / FSDP2 module in `state.model` (DDP wraps the ComposerModel, FSDP its
+    child); precision is the dtype autocast computes in under an AMP `state.precision`, else the params' own (under
+    `fp32`, Composer's FSDP mixed precision 'DEFAULT' keeps fp32 params); the optimizer is what the Trainer steps;
+    Composer's own activation checkpointing shows as its `CheckpointWrapper`s.
+    """
+    wrappers = (DDP, FSDP, *compat.fsdp2_module_classes())
+    outer = next((module for module in state.model.modules() if isinstance(module, wrappers)), state.model)
+    probe.observed("wrapper", class_among(outer, wrappers))
+    probe.observed("precision", AUTOCAST.get(state.precision.value) or precision_of(state.model.parameters()))
+    probe.observed("optimizer", "+".join(type(optimizer).__name__ for optimizer in state.optimizers))
+    probe.observed("framework_activation_checkpointing",
+                   any(isinstance(module, CheckpointWrapper) for module in state.model.modules()))
+    if isinstance(outer, DDP):
+        probe.observed("find_unused_parameters", outer.find_unused_parameters)
+    if isinstance(outer, FSDP):
+        probe.observed("use_orig_params", outer._use_orig_params)
+        probe.observed("sharding_strategy", outer.sharding_strategy.name)
+    if state.fsdp_enabled:  # the format Composer's CheckpointSaver writes: 'full' (rank 0's file) or 'sharded' (DCP)
+        probe.observed("state_dict_type", state.fsdp_state_dict_type)
 
 
 def _release(run: _Run | None) -> None:

@@ -33,6 +33,17 @@ def fsdp2_config_class() -> type | None:
     return getattr(parallelism, "FSDP2Config", None)
 
 
+def fsdp2_module_classes() -> tuple[type, ...]:
+    """FSDP2's `FSDPModule` (the base of the class `fully_shard` builds per module), as Composer's own
+    `State.fsdp_enabled` imports it from torch 2.6 on; empty on the older torch of a release without FSDP2 (torch 2.3
+    names it `FSDP`, under `_composable`), where no cell asks for it."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return ()
+    return (FSDPModule,)
+
+
 def optimizer_load_decays_params() -> bool:
     """Whether this torch's `set_optimizer_state_dict` (Composer's optimizer load from torch 2.3) initializes a
     fresh optimizer by `step()` on zero grads at its real lr: AdamW's decoupled weight decay then shrinks every
