@@ -11,9 +11,12 @@ text-only batch never reaches.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -171,15 +174,37 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def apply_checkpointing(model: nn.Module, mode: str) -> None:
-    """Activation checkpointing through the model's own switch: ours, or Hugging Face's."""
+    """Activation checkpointing through the model's own switch (ours, or Hugging Face's), else around each of its
+    blocks (`block_modules`) with `torch.utils.checkpoint`, as a user without a switch writes it."""
     if hasattr(model, "set_activation_checkpointing"):
         model.set_activation_checkpointing(mode)
     elif hasattr(model, "gradient_checkpointing_enable"):
         if mode != "none":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
     elif mode != "none":
-        raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch "
-                         "(set_activation_checkpointing or gradient_checkpointing_enable)")
+        blocks = block_modules(model)
+        if not blocks:
+            raise ValueError(f"{type(model).__name__} has no activation-checkpointing switch "
+                             "(set_activation_checkpointing or gradient_checkpointing_enable) and no blocks")
+        for block in blocks:  # the forward is replaced, not wrapped in a module: parameter names stay the model's
+            block.forward = functools.partial(_checkpointed, block.forward, mode == "reentrant")
+
+
+def _checkpointed(forward: Callable[..., Any], reentrant: bool, *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(forward, *args, use_reentrant=reentrant, **kwargs)
+
+
+def blocks_of(model: nn.Module) -> tuple[str, ...]:
+    """A model's repeated blocks by class name: its `_no_split_modules` (Hugging Face's), else the classes its largest
+    `nn.ModuleList` holds (a stack of layers); () where it has neither."""
+    declared = tuple(getattr(model, "_no_split_modules", None) or ())
+    if declared:
+        return declared
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
+    if not lists:
+        return ()
+    largest = max(lists, key=len)
+    return tuple(dict.fromkeys(type(m).__name__ for m in largest))
 
 
 def block_modules(model: nn.Module) -> list[nn.Module]:

@@ -30,7 +30,13 @@ INI_HELP = {
     "freeze_matrix_timeout": f"seconds one cell may take (default {DEFAULT_TIMEOUT_S:.0f})",
     "freeze_matrix_world_size": f"ranks per cell (default {DEFAULT_WORLD_SIZE})",
     "freeze_matrix_environment": f"run only the frameworks this environment owns (${ENVIRONMENT_VARIABLE} wins)",
+    "freeze_matrix_fail_on": "severities of your own models' cells that fail the run (default silent)",
 }
+#: What fails a run by default on a user's own model: the harm nobody would otherwise see. A refusal is loud, a cost
+#: is a cost: a project opts into failing on them (`--freeze-matrix-fail-on=silent,refused`).
+DEFAULT_FAIL_ON = ("silent",)
+#: The severities a run may fail on (`harness`, our own failure, always fails; `ok` and `skipped` never do).
+FAILABLE = ("silent", "refused", "costly", "unproven", "differs")
 T = TypeVar("T")
 
 
@@ -48,6 +54,8 @@ class Options:
     rootdir: Path = Path()  # whose git commit the report names
     #: --freeze-matrix-every-round-trip: each cell runs its own round trip (re-measures what `[round_trip]` shares).
     every_round_trip: bool = False
+    #: --freeze-matrix-fail-on: the severities of a `@freeze_case` cell that fail the run, explained by an entry or not.
+    fail_on: tuple[str, ...] = DEFAULT_FAIL_ON
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -71,13 +79,16 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--freeze-matrix-every-round-trip", action="store_true",
                     help="every cell runs its own save -> load round trip, none cites its round-trip group's (slower; "
                          "shows whether a framework's [round_trip] classes still share one result)")
+    group.addoption("--freeze-matrix-fail-on", default=None, metavar="SEVERITY,...",
+                    help=f"which severities of your own models' cells fail the run, a known issue or not: any of "
+                         f"{', '.join(FAILABLE)} (default {','.join(DEFAULT_FAIL_ON)}); the others are xfailed")
     for name, text in INI_HELP.items():
         parser.addini(name, text, default="")
 
 
 def given_on_command_line(config: pytest.Config) -> list[str]:
     """The `--freeze-matrix-*` options this command line sets (ini values are a project's standing choice)."""
-    names = ("select", "timeout", "world_size", "spec", "report", "environment")
+    names = ("select", "timeout", "world_size", "spec", "report", "environment", "fail_on")
     return [f"--freeze-matrix-{name.replace('_', '-')}" for name in names
             if config.getoption(f"freeze_matrix_{name}") not in (None, [])]
 
@@ -109,6 +120,18 @@ def _path(config: pytest.Config, name: str) -> str | None:
     return os.path.normpath((config.inipath.parent if config.inipath else config.rootpath) / text)
 
 
+def _fail_on(config: pytest.Config) -> tuple[str, ...]:
+    text = config.getoption("freeze_matrix_fail_on") or _from_ini(config, "freeze_matrix_fail_on")
+    if text is None:
+        return DEFAULT_FAIL_ON
+    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    unknown = [v for v in values if v not in FAILABLE]
+    if unknown or not values:
+        raise pytest.UsageError(f"--freeze-matrix-fail-on: {unknown[0] if unknown else 'nothing'} is not a severity "
+                                f"a run can fail on; give some of {', '.join(FAILABLE)}")
+    return values
+
+
 def resolve(config: pytest.Config) -> Options:
     """Every setting, checked: a value out of range is a `pytest.UsageError` (one line)."""
     world_size = _setting(config, "freeze_matrix_world_size", int, DEFAULT_WORLD_SIZE)
@@ -130,4 +153,5 @@ def resolve(config: pytest.Config) -> Options:
         # Paths under the rootdir relative to it: a published report names no machine's folders.
         command=shlex.join(["pytest", *config.invocation_params.args]).replace(f"{config.rootpath}{os.sep}", ""),
         rootdir=config.rootpath, every_round_trip=config.getoption("freeze_matrix_every_round_trip"),
+        fail_on=_fail_on(config),
     )

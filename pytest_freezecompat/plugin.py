@@ -8,6 +8,7 @@ run imports neither torch nor the controller.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shlex
 import signal
 from collections import Counter
@@ -134,11 +135,28 @@ class MatrixItem(pytest.Item):
     def runtest(self) -> None:
         record = self.run.run_cell(self.cell, self.repro)
         self._keep(record)
+        if self.cell.user_model is not None:
+            self._judge_own_model(record)
+            return
         known = record.get("known_issue") or {}
         if known.get("expected") or known.get("fixed"):  # known: xfail; fixed?: strict xpass, so stale entries show
             self.add_marker(pytest.mark.xfail(reason=f"known issue {known['id']}: {known.get('link', '')}",
                                               strict=True))
         if record["status"] != "pass":
+            raise CellFailure(record)
+
+    def _judge_own_model(self, record: dict[str, Any]) -> None:
+        """A user's own model fails their run on the severities they fail on, a known issue or not (an xfail would
+        hide silent harm in a green CI); any other cell that is not a clean pass is an xfail saying why."""
+        from .verdict.severity import fails_run, recorded
+
+        fail_on = self.run.options.fail_on
+        if fails_run(record, fail_on):
+            raise CellFailure(record)
+        if record["status"] != "pass" or recorded(record) in ("unproven", "costly"):
+            known = (record.get("known_issue") or {}).get("id")
+            self.add_marker(pytest.mark.xfail(reason=f"{recorded(record)}" + (f" ({known})" if known else "")
+                                              + f": not in --freeze-matrix-fail-on={','.join(fail_on)}"))
             raise CellFailure(record)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
@@ -174,6 +192,20 @@ class MatrixCollector(pytest.Collector):
                 if cell.user_model is None]
 
 
+def _own_bad_cells(report: Path, results: dict[str, dict[str, Any]]) -> list[str]:
+    """What `advise` says of each cell of a user's own model this run found not safe, from the written report (where
+    a red cell carries its entry's workarounds and the nearest safe setups, proved)."""
+    from .advice.answer import not_safe
+
+    own = {cell_id for cell_id, record in results.items() if record.get("user_model")}
+    if not own:
+        return []
+    try:
+        return not_safe([cell for cell in json.loads(report.read_text())["cells"] if cell["id"] in own])
+    except (OSError, ValueError, KeyError) as exc:
+        return [f"(the report could not be read back for advice: {exc})"]
+
+
 class FreezeCaseCollector(pytest.Collector):
     """A `@freeze_case` factory in a test module: one item per cell of the user's case."""
 
@@ -205,6 +237,7 @@ class MatrixSession:
         self._run: MatrixRun | None = None
         self._report_line = ""
         self._report_paths: list[Path] = []
+        self._own_bad: list[str] = []
         self.options = settings.resolve(config)
         if self.options.matrix:  # the run checks its selection as it plans
             self._begin()
@@ -322,6 +355,7 @@ class MatrixSession:
             aside = f"; an unreadable matrix.json was moved to {folded.set_aside}" if folded.set_aside else ""
             aside += f"; {folded.unusable_lines} damaged journal line(s) left out" if folded.unusable_lines else ""
             self._report_paths = [folded.path, folded.path.with_suffix(".md"), folded.path.with_suffix(".html")]
+            self._own_bad = _own_bad_cells(folded.path, self._run.results)
             self._report_line = (f"{folded.cells} cells in the report, {len(self._run.results)} from this run"
                                  f"{kept}{aside}")
 
@@ -351,6 +385,10 @@ class MatrixSession:
         harm = Counter(record.get("severity") for record in self.run.results.values())
         terminalreporter.write_line("how bad: " + " · ".join(f"{harm[v]} {v}" for v in SEVERITIES if harm[v]),
                                     bold=True, red=bool(harm["silent"]))
+        if self._own_bad:
+            terminalreporter.section("your models: not safe, why, and what to do instead", red=True)
+            for line in self._own_bad:
+                terminalreporter.write_line(line)
         for why in self.run.missing_frameworks().values():
             terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework
         if self._report_paths:

@@ -15,6 +15,7 @@ live at module level: rank processes import them by name.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import models
 from .core.cell import UserModel
 from .core.freeze import FreezePattern, PatternError, resolve
 from .core.names import VALUE_RE, import_ref, ref_of
@@ -33,6 +35,10 @@ CONTROL = "none"
 PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused")
 
 PatternSpec = Mapping[str, Sequence[str]] | Callable[[str], bool]
+
+
+class NotRun(UserWarning):
+    """Part of what the matrix would run on a user's model that cannot run on it, said once at collection."""
 
 
 class CaseError(ValueError):
@@ -52,6 +58,7 @@ class CaseDeclaration:
     checkpoint: Sequence[str] | None
     tolerance: Mapping[str, float]
     clip: Sequence[str]
+    blocks: tuple[str, ...] | None = None
 
 
 def freeze_case(*, batch: Callable[[int, int], dict[str, torch.Tensor]],
@@ -60,7 +67,8 @@ def freeze_case(*, batch: Callable[[int, int], dict[str, torch.Tensor]],
                 frameworks: Sequence[str] | None = None, plugins: Sequence[str] | None = None,
                 init: Sequence[str] | None = None, checkpoint: Sequence[str] | None = None,
                 tolerance: Mapping[str, float] | None = None,
-                clip: Sequence[str] = ("clip",)) -> Callable[[Callable[[], nn.Module]], Any]:
+                clip: Sequence[str] = ("clip",),
+                blocks: Sequence[str] | None = None) -> Callable[[Callable[[], nn.Module]], Any]:
     """Declare a model factory as a matrix case.
 
     batch(global_batch_size, step) -> dict of tensors (rows are split across ranks);
@@ -68,12 +76,17 @@ def freeze_case(*, batch: Callable[[int, int], dict[str, torch.Tensor]],
     "unused": [globs]} or a module-level function name -> bool (True = trainable).
     `tolerance` overrides fields of `checks.Tolerance` (grad_rtol, grad_atol, param_rtol, param_atol, norm_rtol).
     `clip`: "clip" (every step, through the stack's own API), "no-clip", or both.
+    `blocks`: class names of the model's repeated blocks: FSDP makes each one a unit, activation checkpointing wraps
+    each one in `torch.utils.checkpoint` where the model has no switch of its own (`set_activation_checkpointing`,
+    or Hugging Face's `gradient_checkpointing_enable`). Default: the model's `_no_split_modules`, else the classes
+    its largest `nn.ModuleList` holds; a model with neither runs FSDP as one unit and no activation checkpointing,
+    said once when its cells are collected.
     """
 
     def decorate(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
         setattr(factory, CASE_ATTRIBUTE, CaseDeclaration(
             factory, name or factory.__name__.replace("_", "-").lower(), batch, loss, patterns, frameworks, plugins,
-            init, checkpoint, dict(tolerance or {}), tuple(clip)))
+            init, checkpoint, dict(tolerance or {}), tuple(clip), tuple(blocks) if blocks is not None else None))
         return factory
 
     return decorate
@@ -111,7 +124,6 @@ def build_case(decl: CaseDeclaration) -> UserCase:
     """Check a declaration the way ranks will use it (build on meta, resolve every pattern)."""
     if not VALUE_RE.match(decl.name):
         raise CaseError(f"case name {decl.name!r} must use lowercase letters, digits and '-'")
-    refs = UserModel(_ref(decl.factory, "the model factory"), _ref(decl.batch, "batch"), _ref(decl.loss, "loss"))
     try:
         with torch.device("meta"):
             model = decl.factory()
@@ -119,6 +131,12 @@ def build_case(decl: CaseDeclaration) -> UserCase:
         raise CaseError(f"the model factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
         raise CaseError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
+    blocks = decl.blocks if decl.blocks is not None else models.blocks_of(model)
+    present = {type(m).__name__ for m in model.modules()}
+    if decl.blocks is not None and (missing := sorted(set(decl.blocks) - present)):
+        raise CaseError(f"blocks: {missing[0]!r} is no module class of {type(model).__name__}")
+    refs = UserModel(_ref(decl.factory, "the model factory"), _ref(decl.batch, "batch"), _ref(decl.loss, "loss"),
+                     tuple(blocks))
     names = [n for n, _ in model.named_parameters()]
     if not decl.patterns:
         raise CaseError("no freeze pattern declared")
@@ -137,10 +155,17 @@ def build_case(decl: CaseDeclaration) -> UserCase:
     fields = {f.name for f in dataclasses.fields(Tolerance)}
     if set(decl.tolerance) - fields:
         raise CaseError(f"unknown tolerance {sorted(set(decl.tolerance) - fields)[0]!r}; valid: {', '.join(fields)}")
-    has_switch = hasattr(model, "set_activation_checkpointing") or hasattr(model, "gradient_checkpointing_enable")
+    has_switch = (hasattr(model, "set_activation_checkpointing") or hasattr(model, "gradient_checkpointing_enable")
+                  or bool(blocks))
     checkpoint = tuple(decl.checkpoint) if decl.checkpoint else (None if has_switch else ("none",))
     if checkpoint and not has_switch and set(checkpoint) != {"none"}:
-        raise CaseError(f"{type(model).__name__} has no activation-checkpointing switch; use checkpoint=['none']")
+        raise CaseError(f"{type(model).__name__} has no activation-checkpointing switch and no blocks to wrap; "
+                        "name them with blocks=[...] or use checkpoint=['none']")
+    if not has_switch:
+        warnings.warn(NotRun(f"freeze_case {decl.name}: activation checkpointing is not run and FSDP wraps the model "
+                             f"as one unit: {type(model).__name__} has no checkpointing switch, no _no_split_modules "
+                             "and no nn.ModuleList of layers (name its blocks with freeze_case(blocks=[...]))"),
+                      stacklevel=1)
     return UserCase(name=decl.name, model=refs, patterns=patterns, groups=groups,
                     frameworks=tuple(decl.frameworks) if decl.frameworks else None,
                     plugins=tuple(decl.plugins) if decl.plugins else None,

@@ -133,3 +133,9 @@ def listing(rows: list[Row], named: dict[str, str]) -> list[str]:
             text = " · ".join(f"{owner}: {', '.join(values)}" for owner, values in per_owner.items())
         out.append(f"  {axis:10}  {text}")
     return out
+
+
+def not_safe(cells: list[Row]) -> list[str]:
+    """`advise`'s answer for each cell that is not safe, worst first: what a run's end says of a user's own models."""
+    return [line for cell in sorted(cells, key=worst_first) if severity(cell) not in (*SAFE, "skipped")
+            for line in lines(cell)]

@@ -90,6 +90,9 @@ class UserModel:
     factory: str
     batch: str
     loss: str
+    #: The class names of the model's repeated blocks: FSDP makes each a unit, activation checkpointing wraps each
+    #: (`freeze_case(blocks=...)`, else the model's `_no_split_modules`, else what its largest ModuleList holds).
+    blocks: tuple[str, ...] = ()
 
     @property
     def modules(self) -> set[str]:

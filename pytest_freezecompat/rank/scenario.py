@@ -184,7 +184,10 @@ def _construct(cell: Cell, device: str | torch.device | None = None, initialize:
                             vision="vision" in cell.pattern.features, device=device, initialize=initialize)
     torch.manual_seed(cell.hyper.seed)
     with torch.device(device) if device is not None else contextlib.nullcontext():
-        return import_ref(cell.user_model.factory)()
+        model = import_ref(cell.user_model.factory)()
+    if cell.user_model.blocks:  # what FSDP's units and checkpointing's wrappers are made of (`models.block_modules`)
+        model._no_split_modules = list(cell.user_model.blocks)
+    return model
 
 
 def _builder(cell: Cell) -> Callable[..., nn.Module]:

@@ -102,6 +102,12 @@ def recorded(row: Row) -> str:
     return row.get("severity") or severity_of(row)
 
 
+def fails_run(row: Row, fail_on: tuple[str, ...]) -> bool:
+    """Whether a cell of a user's own model fails their pytest run: our own failure always (nothing was judged), else
+    a severity the project fails on (`--freeze-matrix-fail-on`), whichever registry entry explains it."""
+    return recorded(row) == "harness" or recorded(row) in fail_on
+
+
 def assign(rows: list[Row]) -> list[Row]:
     """Set each row's `severity` in place; returns the rows."""
     for row in rows:
