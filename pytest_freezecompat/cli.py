@@ -107,10 +107,27 @@ def _bisect(args: argparse.Namespace) -> int:
     return 0 if found.first_changed else 1
 
 
+#: Where `advise` looks when told nowhere: this project's own pytest run first, then a checkout's published report.
+REPORT_PLACES = (".freeze-matrix/matrix.json", "reports/matrix.json")
+
+
+def _report_path(given: str | None) -> str:
+    """The report to read: `given` (a matrix.json or the folder holding one), else the first of `REPORT_PLACES`."""
+    if given is not None:
+        path = Path(given)
+        return str(path / "matrix.json" if path.is_dir() else path)
+    found = next((place for place in REPORT_PLACES if Path(place).is_file()), None)
+    if found is None:
+        raise schema.ReportError(f"no report here ({' nor '.join(REPORT_PLACES)}): run pytest with your @freeze_case "
+                                 "models first, or name one with --report")
+    return found
+
+
 def _advise(args: argparse.Namespace) -> int:
     from . import advice
     from .advice import answer, nearest
 
+    args.report = _report_path(args.report)
     report = schema.load(args.report)
     if "workarounds" not in report:  # written before reports carried their advice
         advice.annotate(report)
@@ -170,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     advise_cmd.add_argument("--checkpoint", help="activation checkpointing (default: every mode the report ran)")
     advise_cmd.add_argument("--init", help="(default: every init the report ran)")
     advise_cmd.add_argument("--clip", help="clip or no-clip (default: both where the report ran both)")
-    advise_cmd.add_argument("--report", default="reports/matrix.json", help="(default: reports/matrix.json)")
+    advise_cmd.add_argument("--report", default=None, metavar="PATH",
+                            help="a matrix.json or its folder (default: .freeze-matrix/matrix.json, your pytest "
+                                 "run's, else reports/matrix.json)")
     advise_cmd.set_defaults(func=_advise)
     args = parser.parse_args(argv)
     from .bisect import BisectError

@@ -2,6 +2,9 @@
 ends with what to do instead, the other severities follow `--freeze-matrix-fail-on`, and a model without a
 checkpointing switch is checkpointed around its blocks (pytester, real 2-rank runs)."""
 
+import subprocess
+import sys
+
 import pytest
 
 MODEL = '''
@@ -100,3 +103,20 @@ def test_a_model_without_blocks_or_switch_says_checkpointing_was_not_run(pyteste
     assert {c["checkpoint"] for c in report["cells"]} == {"none"}
     assert "freeze_case layered-net: activation checkpointing is not run and FSDP wraps the model as one unit" in (
         result.stdout.str())
+
+
+def test_the_guide_and_advise_answer_on_the_projects_own_report(pytester, monkeypatch):
+    """No --freeze-matrix-report: the run writes .freeze-matrix/, where `freezecompat advise` looks first."""
+    monkeypatch.delenv("FREEZECOMPAT_ENVIRONMENT", raising=False)
+    pytester.makepyfile(test_mine=MODEL)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "frozen-embedding")
+    guide = (pytester.path / ".freeze-matrix" / "guide.md").read_text()
+    assert "| `frozen-embedding` | 🟧 refused [1] | 🟥 silent [1] |" in guide
+    advised = subprocess.run([sys.executable, "-m", "pytest_freezecompat.cli", "advise", "--framework", "torch",
+                              "--plugin", "ddp-find-unused", "--freeze", "frozen-embedding"],
+                             cwd=pytester.path, capture_output=True, text=True, check=False)
+    assert advised.returncode == 0, advised.stderr
+    assert "/ddp-find-unused/eager/reentrant/frozen-embedding: SILENT" in advised.stdout
+    listed = subprocess.run([sys.executable, "-m", "pytest_freezecompat.cli", "advise", "--framework", "torch"],
+                            cwd=pytester.path, capture_output=True, text=True, check=False)
+    assert "layered-net" in listed.stdout and "frozen-embedding" in listed.stdout
