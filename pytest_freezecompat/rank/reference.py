@@ -49,7 +49,8 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
 
     `model` is bare and single-process, with the same parameter names as the cell's model
     (its values are replaced by `initial`); `loss_of(model, batch)` computes its loss.
-    `compute_dtype`: run as mixed precision does, with the model in that dtype and fp32 masters.
+    `compute_dtype`: run as mixed precision does, with the model and its floating-point inputs in that dtype and fp32
+    masters.
     `resumed_after`: the process stops after that step and resumes from a model checkpoint: no grad survives
     (grads of params outside the optimizer stop accumulating there).
     `convention`: how the loop zeroes and clips (`core.names.LOOP_CONVENTIONS`); it matters only where the
@@ -82,7 +83,8 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             if compute_dtype is not None:
                 for name in plan.optimized:
                     params[name].grad = None
-        loss = loss_of(model, batch)
+        loss = loss_of(model, batch if compute_dtype is None else {
+            name: value.to(compute_dtype) if value.is_floating_point() else value for name, value in batch.items()})
         if loss.requires_grad:
             loss.backward()
         grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}

@@ -105,3 +105,12 @@ def test_a_rank_aborting_after_its_results_still_records_the_cell(pool: RankPool
     assert any("rank 1" in note and "tidying" in note for note in result.notes), result.notes
     after, _ = run(pool, cell("zero2", "embedding"))  # fresh ranks serve the next cell
     assert after.status == "pass", after.message
+
+
+def test_a_bf16_engine_gets_its_float_inputs_in_bf16_as_its_users_feed_it(pool: RankPool) -> None:
+    """A user's loss that does not cast its float inputs: the fp32 input met bf16 weights and every cell raised
+    ("expected m1 and m2 to have the same dtype"), the control included."""
+    uncast = dataclasses.replace(cell("zero2-bf16", "none"), user_model=UserModel(
+        odd_sized.FACTORY, odd_sized.BATCH, "odd_sized:odd_sized_uncast_loss"))
+    verdict, _ = run(pool, uncast)
+    assert verdict.status == "pass", verdict.message

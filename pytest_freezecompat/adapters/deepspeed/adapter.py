@@ -62,6 +62,16 @@ def parse_plugin(plugin: str) -> Plugin:
     return Plugin(int(match["stage"]), bool(match["offload"]), bool(match["config"]), bool(match["bf16"]))
 
 
+
+def _in_dtype(batch: dict[str, torch.Tensor], engine: Any) -> dict[str, torch.Tensor]:
+    """The batch as a DeepSpeed user feeds a bf16/fp16 engine: its floating-point inputs cast to the dtype the engine
+    trains in (it casts none itself: an fp32 input meets bf16 weights and raises); integer inputs (token ids) as
+    they are."""
+    dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else None
+    if dtype is None:
+        return batch
+    return {name: value.to(dtype) if value.is_floating_point() else value for name, value in batch.items()}
+
 @dataclass
 class _StageZeroNorm:
     """Stage 0 (fp32) clips inside `engine.step()` with `deepspeed.runtime.utils.clip_grad_norm_` and drops the
@@ -106,7 +116,7 @@ class _Loop:
         self.engine.zero_grad()
 
     def forward_backward(self, step: int) -> None:
-        loss = self.ctx.loss(self.engine, self.ctx.local_batch(step))
+        loss = self.ctx.loss(self.engine, _in_dtype(self.ctx.local_batch(step), self.engine))
         self.engine.backward(loss)
 
     def clip(self, max_norm: float) -> tuple[float | None, str]:
