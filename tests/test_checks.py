@@ -387,3 +387,13 @@ def test_a_rank_whose_tensors_were_not_read_leaves_the_cell_unproven_on_every_ra
     lead, other = base_record(0), base_record(1)
     other.steps[0].params = other.steps[0].grads = None
     assert checks.judge_records([lead, other], "fp32").unchecked == ["resume", "ranks"]
+
+
+def test_a_grad_zero_in_theory_and_tiny_in_bf16_is_no_failure_but_a_real_grad_there_is():
+    """The zero3-bf16 control of a user's model: a grad exactly zero in the reference, 4.2e-6 under bf16 (rounding of
+    terms the size of the step's other grads), was silent; a grad the size of those terms still fails."""
+    ref = StepFacts({"w": arr(0.5, -0.25), "zero": arr(0.0, 0.0)}, 1.0, None, {})
+    mixed = StepFacts({"w": arr(0.5, -0.25), "zero": arr(0.0, 0.0)}, 1.0, None, {})
+    room = checks.measured_room(ref, mixed)
+    assert checks.close(arr(4.2e-6, 0.0), ref.grads["zero"], rtol=1e-4, atol=1e-6 + room.grad("zero"))
+    assert not checks.close(arr(0.05, 0.0), ref.grads["zero"], rtol=1e-4, atol=1e-6 + room.grad("zero"))

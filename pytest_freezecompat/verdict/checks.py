@@ -92,6 +92,10 @@ class Room:
 #: The least relative grad spread a low-precision tensor is allowed: one bf16 epsilon (2^-7) of its scale. The mixed
 #: reference may round a tensor more kindly than the stack does (a grad it sums in fp32, the stack in bf16).
 LOW_PRECISION_FLOOR = 2.0 ** -7
+#: The least absolute room of any low-precision tensor, as a share of the step's largest grad: a grad whose terms
+#: cancel (exactly zero in theory, or nearly) keeps the rounding of terms as large as the step's other grads, which
+#: its own tiny scale does not show. A real failure (a missing or wrong grad) is of the size of its terms.
+CANCELLATION_FLOOR = 2.0 ** -10
 
 
 def measured_room(ref: StepFacts, mixed: StepFacts) -> Room:
@@ -104,7 +108,9 @@ def measured_room(ref: StepFacts, mixed: StepFacts) -> Room:
     params = {n: SPREAD_FACTOR * float(np.max(np.abs(mixed.params[n] - r), initial=0.0))
               for n, r in (ref.params or {}).items() if n in (mixed.params or {}) and mixed.params[n].shape == r.shape}
     norm_spread = max(abs((mixed.norm or 0.0) - (ref.norm or 0.0)), widest * abs(ref.norm or 0.0))
-    grads = {n: SPREAD_FACTOR * max(relative.get(n, 0.0), LOW_PRECISION_FLOOR) * scale for n, scale in scales.items()}
+    cancelled = CANCELLATION_FLOOR * max(scales.values(), default=0.0)
+    grads = {n: SPREAD_FACTOR * max(relative.get(n, 0.0) * scale, LOW_PRECISION_FLOOR * scale, cancelled)
+             for n, scale in scales.items()}
     return Room(grads, params, SPREAD_FACTOR * norm_spread, widest)
 
 
