@@ -255,7 +255,7 @@ def run_slice(session: nox.Session, env: Environment) -> None:
         (SHARDS / name).mkdir(parents=True, exist_ok=True)
         (SHARDS / name / "pip-freeze.txt").write_text(frozen)
     # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
-    env.run(session, "pytest", "--freeze-matrix", f"--freeze-matrix-environment={name}",
+    env.run(session, "pytest", "--freeze-matrix", "--freeze-matrix-builtin", f"--freeze-matrix-environment={name}",
             f"--freeze-matrix-report={SHARDS.relative_to(ROOT) / name}", "-p", "no:cacheprovider", "-q", "examples",
             *session.posargs, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
 

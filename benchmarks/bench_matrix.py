@@ -57,7 +57,8 @@ def run_slice(environment: str, report_dir: Path, python: str = sys.executable, 
     (those of `checkout`, whose package comes first on the path). `extra`: more pytest arguments (a selection);
     `under`: a command the run goes under (a profiler)."""
     started = time.perf_counter()
-    subprocess.run([*under, python, "-m", "pytest", "--freeze-matrix", f"--freeze-matrix-environment={environment}",
+    subprocess.run([*under, python, "-m", "pytest", "--freeze-matrix", "--freeze-matrix-builtin",
+                    f"--freeze-matrix-environment={environment}",
                     f"--freeze-matrix-report={report_dir}", "-p", "no:cacheprovider", "-q", "--no-header",
                     "examples", *extra], check=False, stdout=subprocess.DEVNULL, cwd=checkout,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)})

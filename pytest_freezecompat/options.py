@@ -56,6 +56,8 @@ class Options:
     every_round_trip: bool = False
     #: --freeze-matrix-fail-on: the severities of a `@freeze_case` cell that fail the run, explained by an entry or not.
     fail_on: tuple[str, ...] = DEFAULT_FAIL_ON
+    #: --freeze-matrix-builtin: the built-in matrix runs beside the project's own `@freeze_case` models.
+    builtin: bool = False
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -79,6 +81,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--freeze-matrix-every-round-trip", action="store_true",
                     help="every cell runs its own save -> load round trip, none cites its round-trip group's (slower; "
                          "shows whether a framework's [round_trip] classes still share one result)")
+    group.addoption("--freeze-matrix-builtin", action="store_true",
+                    help="run the built-in matrix too where the project's test files declare @freeze_case models "
+                         "(without any, --freeze-matrix runs the built-in matrix)")
     group.addoption("--freeze-matrix-fail-on", default=None, metavar="SEVERITY,...",
                     help=f"which severities of your own models' cells fail the run, a known issue or not: any of "
                          f"{', '.join(FAILABLE)} (default {','.join(DEFAULT_FAIL_ON)}); the others are xfailed")
@@ -153,5 +158,5 @@ def resolve(config: pytest.Config) -> Options:
         # Paths under the rootdir relative to it: a published report names no machine's folders.
         command=shlex.join(["pytest", *config.invocation_params.args]).replace(f"{config.rootpath}{os.sep}", ""),
         rootdir=config.rootpath, every_round_trip=config.getoption("freeze_matrix_every_round_trip"),
-        fail_on=_fail_on(config),
+        fail_on=_fail_on(config), builtin=config.getoption("freeze_matrix_builtin"),
     )

@@ -192,6 +192,14 @@ class MatrixCollector(pytest.Collector):
                 if cell.user_model is None]
 
 
+def _declares_cases(path: Path) -> bool:
+    """Whether a test file may declare `@freeze_case` models (read as text: nothing else is imported)."""
+    try:
+        return "freeze_case" in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
 def _own_bad_cells(report: Path, results: dict[str, dict[str, Any]]) -> list[str]:
     """What `advise` says of each cell of a user's own model this run found not safe, from the written report (where
     a red cell carries its entry's workarounds and the nearest safe setups, proved)."""
@@ -238,6 +246,7 @@ class MatrixSession:
         self._report_line = ""
         self._report_paths: list[Path] = []
         self._own_bad: list[str] = []
+        self._builtin_left = False
         self.options = settings.resolve(config)
         if self.options.matrix:  # the run checks its selection as it plans
             self._begin()
@@ -274,8 +283,31 @@ class MatrixSession:
         return self._run if self._run is not None else self._begin()
 
     def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
-        """`pytest --freeze-matrix` alone runs just the matrix; name test paths to run them as well."""
-        return True if self._matrix_on and config.args_source != pytest.Config.ArgsSource.ARGS else None
+        """`pytest --freeze-matrix` alone looks only into test files that declare `@freeze_case` models (their
+        cells run, the rest of those files is deselected); name test paths to run them whole."""
+        if not self._matrix_on or config.args_source == pytest.Config.ArgsSource.ARGS or collection_path.is_dir():
+            return None
+        return None if collection_path.suffix == ".py" and _declares_cases(collection_path) else True
+
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        """Under `--freeze-matrix`: the project's own models when it declares some (the built-in matrix beside them
+        only with --freeze-matrix-builtin), else the built-in matrix; without named paths, matrix cells alone."""
+        if not self._matrix_on:
+            return
+        own = any(isinstance(item, MatrixItem) and item.cell.user_model is not None for item in items)
+        alone = config.args_source != pytest.Config.ArgsSource.ARGS
+
+        def kept(item: pytest.Item) -> bool:
+            if not isinstance(item, MatrixItem):
+                return not alone
+            return item.cell.user_model is not None or not own or self.options.builtin
+
+        dropped = [item for item in items if not kept(item)]
+        if dropped:
+            self._builtin_left = own and not self.options.builtin
+            items[:] = [item for item in items if kept(item)]
+            config.hook.pytest_deselected(items=dropped)
 
     def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object) -> Any:
         declaration = getattr(obj, "__freeze_case__", None)
@@ -389,6 +421,9 @@ class MatrixSession:
             terminalreporter.section("your models: not safe, why, and what to do instead", red=True)
             for line in self._own_bad:
                 terminalreporter.write_line(line)
+        if self._builtin_left:
+            terminalreporter.write_line("built-in matrix: not run (your @freeze_case models ran; "
+                                        "--freeze-matrix-builtin adds it)")
         for why in self.run.missing_frameworks().values():
             terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework
         if self._report_paths:

@@ -1,0 +1,35 @@
+"""`pytest --freeze-matrix` in a user's project runs their `@freeze_case` models, not the 3785 built-in cells (those
+only with --freeze-matrix-builtin), and none of their ordinary tests (pytester, real 2-rank runs)."""
+
+import pytest
+from test_user_cases import case
+
+SELECT = "--freeze-matrix-select=framework=torch,plugin=ddp,init=eager,checkpoint=none,clip=clip,freeze=none"
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    monkeypatch.delenv("FREEZECOMPAT_ENVIRONMENT", raising=False)
+    pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}}'),
+                        test_other="def test_unrelated():\n    assert True\n")
+
+    def run(*args):
+        return pytester.runpytest_subprocess("--freeze-matrix", "--freeze-matrix-report=report", "-p",
+                                             "no:cacheprovider", SELECT, *args)
+
+    return run
+
+
+def test_the_projects_own_models_run_and_nothing_else(project):
+    result = project()
+    # Run: the model's control cell. Deselected: test_mine's ordinary test and tiny-gpt's built-in cell; test_other,
+    # which declares no model, is not even imported.
+    result.assert_outcomes(passed=1, deselected=2)
+    assert "built-in matrix: not run (your @freeze_case models ran; --freeze-matrix-builtin adds it)" in (
+        result.stdout.str())
+
+
+def test_the_built_in_matrix_runs_beside_them_when_asked(project):
+    result = project("--freeze-matrix-builtin")
+    result.assert_outcomes(passed=2, deselected=1)  # tiny-gpt's and the model's control cells
+    assert "built-in matrix: not run" not in result.stdout.str()
