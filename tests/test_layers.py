@@ -24,7 +24,7 @@ MAY_IMPORT = {
     "adapters": {"models"},
     "rank": {"adapters", "models"},
     "plugin": {"options"},  # the controller and the user API only inside functions
-    "user": {"spec", "verdict"},
+    "user": {"spec", "verdict", "models"},  # a case is checked as ranks build it: the same blocks (`models.blocks_of`)
     "cli": {"spec", "report", "verdict"},
     "advice": {"verdict"},  # over a report's rows: severities, nearest safe setups
     "bisect": {"spec"},  # `freezecompat bisect`: builds environments and runs pytest in them, in subprocesses
