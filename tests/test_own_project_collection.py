@@ -1,6 +1,8 @@
 """`pytest --freeze-matrix` in a user's project runs their `@freeze_case` models, not the 3785 built-in cells (those
 only with --freeze-matrix-builtin), and none of their ordinary tests (pytester, real 2-rank runs)."""
 
+import json
+
 import pytest
 from test_user_cases import case
 
@@ -33,3 +35,17 @@ def test_the_built_in_matrix_runs_beside_them_when_asked(project):
     result = project("--freeze-matrix-builtin")
     result.assert_outcomes(passed=2, deselected=1)  # tiny-gpt's and the model's control cells
     assert "built-in matrix: not run" not in result.stdout.str()
+
+
+def test_a_framework_not_installed_is_said_once_and_leaves_no_cells(pytester, monkeypatch):
+    pytest.importorskip("torch")
+    if __import__("importlib").util.find_spec("deepspeed") is not None:
+        pytest.skip("DeepSpeed is installed here")
+    monkeypatch.delenv("FREEZECOMPAT_ENVIRONMENT", raising=False)
+    pytester.makepyfile(test_mine=case('{"head-only": {"trainable": ["head.*"]}}', frameworks='["torch", "deepspeed"]',
+                                       plugins='["ddp", "zero2"]'))
+    result = pytester.runpytest_subprocess("--freeze-matrix", "--freeze-matrix-report=report", "-p", "no:cacheprovider",
+                                           "-k", "none")
+    cells = json.loads((pytester.path / "report" / "matrix.json").read_text())["cells"]
+    assert cells and {cell["framework"] for cell in cells} == {"torch"}
+    assert result.stdout.str().count("skipped: deepspeed is not importable") == 1

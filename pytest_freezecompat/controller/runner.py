@@ -96,7 +96,9 @@ class MatrixRun:
         self.results: dict[str, dict[str, Any]] = {}
         #: Round-trip group -> the round trip its first judged cell ran; the group's later cells cite it.
         self.round_trips: dict[str, checks.RoundTrip] = {}
-        self.user_values: dict[str, set[str]] = {}  # the models and patterns user cases add to the axes
+        self.user_values: dict[str, set[str]] = {}
+        #: Frameworks a user case would run on but that are not installed here -> why (no cell of theirs is planned).
+        self.frameworks_left_out: dict[str, str] = {}  # the models and patterns user cases add to the axes
         self._pool: RankPool | None = None
         self._pool_error: str | None = None
         self.report = ReportDirectory(options.report_dir, self_ignoring=options.report_dir_is_default)
@@ -111,7 +113,7 @@ class MatrixRun:
 
     def missing_frameworks(self) -> dict[str, str]:
         """Frameworks with cells in this run that cannot be imported here -> their cells' skip reason."""
-        missing: dict[str, str] = {}
+        missing: dict[str, str] = dict(self.frameworks_left_out)
         for name in dict.fromkeys(cell.key.framework for cell in self.cells):
             if why_not_importable(self.spec.frameworks[name].import_name):
                 missing[name] = next(c.skip for c in self.cells if c.key.framework == name and c.skip)
@@ -121,6 +123,12 @@ class MatrixRun:
         # --freeze-matrix-select narrows user cases as it narrows the built-in matrix.
         every = user_cells(self.spec, case, world_size=self.options.world_size, device=self.device,
                            environment=self.options.environment)
+        # A framework not installed here runs none of a user's cells: said once at the run's end (`missing_frameworks`)
+        # rather than as a report section of skipped cells.
+        absent = {c.key.framework: c.skip for c in every
+                  if c.skip and why_not_importable(self.spec.frameworks[c.key.framework].import_name)}
+        self.frameworks_left_out.update(absent)
+        every = [cell for cell in every if cell.key.framework not in absent]
         for cell in every:
             self.user_values.setdefault("model", set()).add(cell.key.model)
             self.user_values.setdefault("freeze", set()).add(cell.key.freeze)
