@@ -111,10 +111,13 @@ class MatrixRun:
         return any(fw.user_models and (env is None or fw.release_in(env)) and (not frameworks or fw.name in frameworks)
                    for fw in self.spec.frameworks.values())
 
-    def missing_frameworks(self) -> dict[str, str]:
-        """Frameworks with cells in this run that cannot be imported here -> their cells' skip reason."""
+    def missing_frameworks(self, *, reported_only: bool = False) -> dict[str, str]:
+        """Frameworks with cells in this run that cannot be imported here -> their cells' skip reason; with
+        `reported_only`, of the cells that reported (not those deselected, e.g. a built-in matrix left out)."""
         missing: dict[str, str] = dict(self.frameworks_left_out)
-        for name in dict.fromkeys(cell.key.framework for cell in self.cells):
+        reported = {record["framework"] for record in self.results.values()}
+        for name in dict.fromkeys(cell.key.framework for cell in self.cells
+                                  if not reported_only or cell.key.framework in reported):
             if why_not_importable(self.spec.frameworks[name].import_name):
                 missing[name] = next(c.skip for c in self.cells if c.key.framework == name and c.skip)
         return missing
