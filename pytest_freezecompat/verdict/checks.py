@@ -765,8 +765,11 @@ def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: l
         # theirs, which a step taken afresh lacks).
         own = at_own_params[step] if step < len(at_own_params) and updates_held else None
         if own is not None:
-            if grads and not _check_grads(step, trained, _without(own.grads, outside), tol, room, []):
-                grads = None
+            at_own = _check_grads(step, trained, _without(own.grads, outside), tol, room, []) if grads else None
+            # A grad that matches at the params it was taken at is right: only what fails both ways stays (a grad on
+            # a frozen param fails both ways and must not keep a trained one's rounding along the other path).
+            if grads and (at_own is None or set(at_own.params) < set(grads.params)):
+                grads = at_own
             if norm and not outside and own.norm is not None and not _check_norm(step, got, peers, own.norm, tol,
                                                                                   room, []):
                 norm = None
