@@ -177,6 +177,21 @@ def precision_of(params: Iterable[torch.Tensor]) -> str:
     return "+".join(sorted({PRECISION_NAMES.get(p.dtype, str(p.dtype)) for p in params})) or "no params"
 
 
+def cast_inputs(module: nn.Module, dtype: torch.dtype) -> torch.utils.hooks.RemovableHandle:
+    """Feed `module` its floating-point inputs in `dtype`, as mixed precision does (and as a user of a bf16 engine
+    that casts nothing does before calling it); integer inputs (token ids) and the loss's own targets are left as
+    they are: only what enters `module.forward` is cast."""
+
+    def cast(value: object) -> object:
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    def hook(_: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[tuple[object, ...],
+                                                                                          dict[str, object]]:
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def class_among(obj: object, classes: tuple[type, ...]) -> str:
     """The first of the framework's `classes` that `obj` is an instance of, by name; else its own class's name (a
     wrapper may build a class per model, as `fully_shard` does)."""

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..adapters.base import LossOf, apply_freeze
+from ..adapters.base import LossOf, apply_freeze, cast_inputs
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan
 from ..core.names import CANONICAL_LOOP, CLIP_OPTIMIZED_LOOP, MODEL_ZERO_GRAD_LOOP
@@ -62,6 +62,7 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             param.copy_(initial[name].to(param.dtype))
     if compute_dtype is not None:
         model.to(compute_dtype)
+        cast_inputs(model, compute_dtype)
     apply_freeze(plan, model)
     params = dict(model.named_parameters())
     masters = params if compute_dtype is None else {
@@ -83,8 +84,7 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             if compute_dtype is not None:
                 for name in plan.optimized:
                     params[name].grad = None
-        loss = loss_of(model, batch if compute_dtype is None else {
-            name: value.to(compute_dtype) if value.is_floating_point() else value for name, value in batch.items()})
+        loss = loss_of(model, batch)
         if loss.requires_grad:
             loss.backward()
         grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}

@@ -31,7 +31,7 @@ from deepspeed.utils import safe_set_full_fp32_param  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ... import models  # noqa: E402
-from ..base import AdapterBase, RunContext, apply_freeze  # noqa: E402
+from ..base import AdapterBase, RunContext, apply_freeze, cast_inputs  # noqa: E402
 from ..deepspeed_views import (  # noqa: E402
     DeepSpeedView,
     Plugin,
@@ -61,16 +61,6 @@ def parse_plugin(plugin: str) -> Plugin:
                          f"(expected zero<0-3>[-offload][{CONFIG_OPTIMIZER}][-bf16])")
     return Plugin(int(match["stage"]), bool(match["offload"]), bool(match["config"]), bool(match["bf16"]))
 
-
-
-def _in_dtype(batch: dict[str, torch.Tensor], engine: Any) -> dict[str, torch.Tensor]:
-    """The batch as a DeepSpeed user feeds a bf16/fp16 engine: its floating-point inputs cast to the dtype the engine
-    trains in (it casts none itself: an fp32 input meets bf16 weights and raises); integer inputs (token ids) as
-    they are."""
-    dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else None
-    if dtype is None:
-        return batch
-    return {name: value.to(dtype) if value.is_floating_point() else value for name, value in batch.items()}
 
 @dataclass
 class _StageZeroNorm:
@@ -116,7 +106,7 @@ class _Loop:
         self.engine.zero_grad()
 
     def forward_backward(self, step: int) -> None:
-        loss = self.ctx.loss(self.engine, _in_dtype(self.ctx.local_batch(step), self.engine))
+        loss = self.ctx.loss(self.engine, self.ctx.local_batch(step))
         self.engine.backward(loss)
 
     def clip(self, max_norm: float) -> tuple[float | None, str]:
@@ -282,6 +272,9 @@ class DeepSpeedAdapter(AdapterBase):
             engine, *_ = deepspeed.initialize(model=model, optimizer=ctx.make_optimizer(chosen), config=config)
         observe_engine(ctx.probe, engine)
         ctx.probe.observed("zero_init", partitioned)
+        half = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else None
+        if half is not None:  # the engine casts no input: its users feed a bf16/fp16 module its float inputs so
+            cast_inputs(engine.module, half)
         dist.barrier()
         exclude = bool(ctx.cell.options.get(EXCLUDE_FROZEN, False))
         return _Loop(ctx, engine, plugin, DeepSpeedView(engine, plugin), exclude)
