@@ -30,7 +30,7 @@ from deepspeed.utils import safe_get_full_grad, safe_get_full_optimizer_state  #
 from torch import nn  # noqa: E402
 
 from ..core.cell import Cell  # noqa: E402
-from .base import Probe, RunContext, class_among, precision_of  # noqa: E402
+from .base import PRECISION_NAMES, Probe, RunContext, class_among, precision_of  # noqa: E402
 from .loop import Saved  # noqa: E402
 from .saved_files import load_file  # noqa: E402
 from .views import ParamView, all_gather_tensors  # noqa: E402
@@ -108,11 +108,16 @@ def offload_of(engine: Any) -> str:
     return f"{device} in the engine's config, but {type(optimizer).__name__} offloads: {offloads}"
 
 
+def engine_dtype(engine: Any) -> torch.dtype:
+    """The dtype the engine's config trains its module in (`bfloat16_enabled()`, `fp16_enabled()`, else fp32)."""
+    return torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else torch.float32
+
+
 def computes_in(engine: Any) -> str:
-    """The dtype of the module's params (`precision_of`), where the engine's own switch agrees with it
-    (`engine.bfloat16_enabled()`, `engine.fp16_enabled()`); else both."""
+    """The dtype of the module's params (`precision_of`), where the engine's own switch (`engine_dtype`) agrees with
+    it; else both."""
     params = precision_of(engine.module.parameters())
-    switched = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
+    switched = PRECISION_NAMES[engine_dtype(engine)]
     return params if params == switched else f"{params} (the engine's config: {switched})"
 
 

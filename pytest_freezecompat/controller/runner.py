@@ -96,9 +96,9 @@ class MatrixRun:
         self.results: dict[str, dict[str, Any]] = {}
         #: Round-trip group -> the round trip its first judged cell ran; the group's later cells cite it.
         self.round_trips: dict[str, checks.RoundTrip] = {}
-        self.user_values: dict[str, set[str]] = {}
+        self.user_values: dict[str, set[str]] = {}  # the models and patterns user cases add to the axes
         #: Frameworks a user case would run on but that are not installed here -> why (no cell of theirs is planned).
-        self.frameworks_left_out: dict[str, str] = {}  # the models and patterns user cases add to the axes
+        self.frameworks_left_out: dict[str, str] = {}
         self._pool: RankPool | None = None
         self._pool_error: str | None = None
         self.report = ReportDirectory(options.report_dir, self_ignoring=options.report_dir_is_default)

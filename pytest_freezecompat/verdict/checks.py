@@ -17,6 +17,7 @@ reported:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -356,7 +357,7 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
                 moved_frozen.append(name)
         elif not close(have, want, rtol=tol.param_rtol, atol=tol.param_atol):
             diff = np.abs(have - want)
-            allowed = tol.param_atol + room.param(name) + tol.param_rtol * np.abs(want)
+            allowed = _param_allowed(tol, room, name, want)
             off = diff > allowed
             if name in quiet:
                 # A flip moves the param by up to 2 lr a step, and a low-precision param is then stored rounded:
@@ -691,6 +692,24 @@ def stated_tolerance(tol: Tolerance, precision: str, rooms: dict[int, Room]) -> 
     return stated
 
 
+def _mark_quiet(quiet: dict[str, Any], ref: StepFacts, tol: Tolerance, room: Room) -> None:
+    """Mark (in place) the elements whose reference grad sits within the grad tolerance at this step: there Adam's
+    first steps are about sign(grad) * lr, so rounding noise may flip them (`_check_update`)."""
+    for name, grad in (ref.grads or {}).items():
+        if grad is not None:
+            quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
+
+
+def _grad_allowed(tol: Tolerance, room: Room, name: str, want: Any) -> Any:
+    """How far a grad may sit from `want`, element by element (`close`'s own bound)."""
+    return tol.grad_atol + room.grad(name) + tol.grad_rtol * np.abs(want)
+
+
+def _param_allowed(tol: Tolerance, room: Room, name: str, want: Any) -> Any:
+    """How far a param may sit from `want`, element by element, before Adam's sign flips are allowed for."""
+    return tol.param_atol + room.param(name) + tol.param_rtol * np.abs(want)
+
+
 def _share(got: dict[str, Any] | None, want: dict[str, Any], allowed: Callable[[str, Any], Any],
            skip: dict[str, Any] | None = None) -> float:
     """The largest |got - want| / allowed over the tensors both hold (elements `skip` marks left out)."""
@@ -717,20 +736,13 @@ def tolerance_used(lead: RankRecord, ref_steps: list[StepFacts], rooms: dict[int
     own = lead.reference_at_own_params or []
     for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
         room = rooms.get(step, Room())
-        for name, grad in (ref.grads or {}).items():
-            if grad is not None:
-                quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
-
-        def grad_allowed(name: str, want: Any, room: Room = room) -> Any:
-            return tol.grad_atol + room.grad(name) + tol.grad_rtol * np.abs(want)
-
-        def param_allowed(name: str, want: Any, room: Room = room) -> Any:
-            return tol.param_atol + room.param(name) + tol.param_rtol * np.abs(want)
+        _mark_quiet(quiet, ref, tol, room)
 
         wants = [ref] + ([own[step]] if step < len(own) and own[step] is not None else [])
         used["grads"] = max(used["grads"], min(_share(_without(got.grads, outside), _without(w.grads, outside),
-                                                      grad_allowed) for w in wants))
-        used["params"] = max(used["params"], _share(got.params, ref.params or {}, param_allowed, quiet))
+                                                      functools.partial(_grad_allowed, tol, room)) for w in wants))
+        used["params"] = max(used["params"], _share(got.params, ref.params or {},
+                                                    functools.partial(_param_allowed, tol, room), quiet))
     return {key: float(f"{value:.3g}") for key, value in used.items()}
 
 
@@ -752,9 +764,7 @@ def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: l
     updates_held = True  # every update so far within tolerance
     for step, (got, ref) in enumerate(zip(lead.steps, ref_steps)):
         room = rooms.get(step, Room())
-        for name, grad in (ref.grads or {}).items():
-            if grad is not None:
-                quiet[name] = quiet.get(name, False) | (np.abs(grad) <= tol.grad_atol + room.grad(name))
+        _mark_quiet(quiet, ref, tol, room)
         peers = [_norm_at(r, step) for r in records]
         trained = _without(got.grads, outside)
         grads = _check_grads(step, trained, _without(ref.grads, outside), tol, room, notes)

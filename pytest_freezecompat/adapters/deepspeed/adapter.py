@@ -36,6 +36,7 @@ from ..deepspeed_views import (  # noqa: E402
     DeepSpeedView,
     Plugin,
     ds_config,
+    engine_dtype,
     keep_world_clone,
     observe_engine,
     saved_contents,
@@ -272,9 +273,8 @@ class DeepSpeedAdapter(AdapterBase):
             engine, *_ = deepspeed.initialize(model=model, optimizer=ctx.make_optimizer(chosen), config=config)
         observe_engine(ctx.probe, engine)
         ctx.probe.observed("zero_init", partitioned)
-        half = torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else None
-        if half is not None:  # the engine casts no input: its users feed a bf16/fp16 module its float inputs so
-            cast_inputs(engine.module, half)
+        if engine_dtype(engine) != torch.float32:  # the engine casts no input: its users feed a bf16/fp16 module
+            cast_inputs(engine.module, engine_dtype(engine))  # its float inputs so
         dist.barrier()
         exclude = bool(ctx.cell.options.get(EXCLUDE_FROZEN, False))
         return _Loop(ctx, engine, plugin, DeepSpeedView(engine, plugin), exclude)
