@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from .core.names import SEVERITIES
+
 #: A warm cell takes well under a second; framework imports on the first cell of a pool take up to a minute.
 DEFAULT_TIMEOUT_S = 120.0
 #: Below a second a cell cannot even join its process group; a day is longer than any CI allows.
@@ -36,7 +38,7 @@ INI_HELP = {
 #: is a cost: a project opts into failing on them (`--freeze-matrix-fail-on=silent,refused`).
 DEFAULT_FAIL_ON = ("silent",)
 #: The severities a run may fail on (`harness`, our own failure, always fails; `ok` and `skipped` never do).
-FAILABLE = ("silent", "refused", "costly", "unproven", "differs")
+FAILABLE = tuple(s for s in SEVERITIES if s not in ("harness", "ok", "skipped"))
 T = TypeVar("T")
 
 
