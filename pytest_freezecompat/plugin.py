@@ -23,6 +23,8 @@ from .core.names import SEVERITIES, clip
 from .core.records import STATUSES, display_status
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from .controller.runner import MatrixRun
 
 #: The report attribute that carries a cell's whole record to the process that writes the report (xdist
@@ -181,13 +183,17 @@ class MatrixItem(pytest.Item):
 
 
 class MatrixCollector(pytest.Collector):
-    """The built-in matrix, one more child of the session."""
+    """The built-in matrix, one more child of the session, collected after the test files: a project whose files
+    declared `@freeze_case` models gets it only when asked, and then without thousands of deselections."""
 
-    def __init__(self, *, run: MatrixRun, **kwargs: Any) -> None:
+    def __init__(self, *, run: MatrixRun, wanted: Callable[[], bool], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run = run
+        self.wanted = wanted
 
     def collect(self) -> list[pytest.Item]:
+        if not self.wanted():
+            return []
         return [MatrixItem.from_parent(self, name=cell.id, cell=cell, run=self.run) for cell in self.run.cells
                 if cell.user_model is None]
 
@@ -295,24 +301,18 @@ class MatrixSession:
         only with --freeze-matrix-builtin), else the built-in matrix; without named paths, matrix cells alone."""
         if not self._matrix_on:
             return
-        own = any(isinstance(item, MatrixItem) and item.cell.user_model is not None for item in items)
-        alone = config.args_source != pytest.Config.ArgsSource.ARGS
-
-        def kept(item: pytest.Item) -> bool:
-            if not isinstance(item, MatrixItem):
-                return not alone
-            return item.cell.user_model is not None or not own or self.options.builtin
-
-        dropped = [item for item in items if not kept(item)]
+        if config.args_source == pytest.Config.ArgsSource.ARGS:
+            return
+        dropped = [item for item in items if not isinstance(item, MatrixItem)]
         if dropped:
-            self._builtin_left = own and not self.options.builtin
-            items[:] = [item for item in items if kept(item)]
+            items[:] = [item for item in items if isinstance(item, MatrixItem)]
             config.hook.pytest_deselected(items=dropped)
 
     def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object) -> Any:
         declaration = getattr(obj, "__freeze_case__", None)
         if declaration is None:
             return None
+        self._builtin_left = not self.options.builtin
         return FreezeCaseCollector.from_parent(collector, name=name, declaration=declaration, run=self.run)
 
     @pytest.hookimpl(wrapper=True)
@@ -321,7 +321,7 @@ class MatrixSession:
         # The built-in matrix is one more child of the session, collected like a test file.
         if isinstance(collector, pytest.Session) and report.passed and self._matrix_on:
             report.result.append(MatrixCollector.from_parent(collector, name="freeze-matrix", nodeid="freeze-matrix",
-                                                              run=self.run))
+                                                              run=self.run, wanted=lambda: not self._builtin_left))
         return report
 
     def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
@@ -332,7 +332,7 @@ class MatrixSession:
 
         run, options = self.run, self.options
         where = f"environment {options.environment}" if options.environment else "every environment"
-        lines = [f"freeze-matrix: {len(run.cells)} cells, {where}, {run.device}/{run.backend}, world size "
+        lines = [f"freeze-matrix: {where}, {run.device}/{run.backend}, world size "
                  f"{options.world_size}, timeout {options.timeout_s:g} s, spec {run.spec.path}"]
         missing = run.missing_frameworks()
         versions = []
@@ -345,6 +345,16 @@ class MatrixSession:
         lines.append(f"freeze-matrix stacks: torch {schema.distribution_version('torch') or '?'}; frameworks: "
                      f"{', '.join(versions) or 'none'}")
         return lines
+
+    def pytest_report_collectionfinish(self, config: pytest.Config, start_path: Path,
+                                       items: Sequence[pytest.Item]) -> list[str] | None:
+        """How many cells of which models will run, once collection has found the project's own."""
+        if not self._matrix_on:
+            return None
+        cells = Counter(item.cell.user_model is not None for item in items if isinstance(item, MatrixItem))
+        said = [f"{cells[True]} of your @freeze_case models"] if cells[True] else []
+        said += [f"{cells[False]} of the built-in matrix"] if cells[False] or not cells[True] else []
+        return [f"freeze-matrix cells: {', '.join(said)}"]
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:

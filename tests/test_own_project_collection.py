@@ -24,9 +24,11 @@ def project(pytester, monkeypatch):
 
 def test_the_projects_own_models_run_and_nothing_else(project):
     result = project()
-    # Run: the model's control cell. Deselected: test_mine's ordinary test and tiny-gpt's built-in cell; test_other,
-    # which declares no model, is not even imported.
-    result.assert_outcomes(passed=1, deselected=2)
+    # Run: the model's control cell. Deselected: test_mine's ordinary test; tiny-gpt's built-in cell is not collected;
+    # test_other, which declares no model, is not even imported.
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["collected 2 items / 1 deselected / 1 selected",
+                                 "freeze-matrix cells: 1 of your @freeze_case models"])
     assert "built-in matrix: not run (your @freeze_case models ran; --freeze-matrix-builtin adds it)" in (
         result.stdout.str())
 
@@ -34,6 +36,7 @@ def test_the_projects_own_models_run_and_nothing_else(project):
 def test_the_built_in_matrix_runs_beside_them_when_asked(project):
     result = project("--freeze-matrix-builtin")
     result.assert_outcomes(passed=2, deselected=1)  # tiny-gpt's and the model's control cells
+    result.stdout.fnmatch_lines(["freeze-matrix cells: 1 of your @freeze_case models, 1 of the built-in matrix"])
     assert "built-in matrix: not run" not in result.stdout.str()
 
 

@@ -37,7 +37,7 @@ def small_report(path: Path) -> Path:
 def test_a_few_cells_run_from_an_empty_folder(tmp_path: Path) -> None:
     result = run(sys.executable, "-m", "pytest", "--freeze-matrix", TWO_CELLS, "-p", "no:cacheprovider", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "2 passed" in result.stdout and "freeze-matrix: 2 cells" in result.stdout
+    assert "2 passed" in result.stdout and "freeze-matrix cells: 2 of the built-in matrix" in result.stdout
     report = json.loads((tmp_path / ".freeze-matrix" / "matrix.json").read_text())
     assert [c["status"] for c in report["cells"]] == ["pass", "pass"]
     assert (tmp_path / ".freeze-matrix" / "matrix.html").stat().st_size > 0
