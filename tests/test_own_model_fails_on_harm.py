@@ -2,10 +2,14 @@
 ends with what to do instead, the other severities follow `--freeze-matrix-fail-on`, and a model without a
 checkpointing switch is checkpointed around its blocks (pytester, real 2-rank runs)."""
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+README = Path(__file__).parents[1] / "README.md"
 
 MODEL = '''
 import torch
@@ -81,6 +85,17 @@ def test_silent_harm_fails_the_run_and_the_end_says_what_to_do(outcome):
     assert "instead" in section  # the nearest proved setup (or that there is none), as advise says it
     assert ("refused (torch-reentrant-checkpoint-frozen-inputs): not in --freeze-matrix-fail-on=silent"
             in text)  # the xfail's reason: an entry explains it, and the project does not fail on refusals
+
+
+def test_the_readmes_ci_step_fails_on_silent_harm(pytester, monkeypatch):
+    """The GitHub Actions step as the README writes it, run in a project whose model trains silently wrong."""
+    monkeypatch.delenv("FREEZECOMPAT_ENVIRONMENT", raising=False)
+    step = re.search(r"- run: pytest (--freeze-matrix[^#\n]*)", README.read_text()).group(1).split()
+    pytester.makepyfile(test_mine=MODEL)
+    result = pytester.runpytest_subprocess(*step, "-p", "no:cacheprovider")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*your models: not safe, why, and what to do instead*",
+                                 "*/ddp-find-unused/eager/reentrant/frozen-embedding: SILENT*"])
 
 
 def test_refused_fails_the_run_where_the_project_says_so(outcome):
