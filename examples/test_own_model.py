@@ -9,15 +9,27 @@ from torch import nn
 from pytest_freezecompat import freeze_case
 
 
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.mlp(x))
+
+
 class TinyTagger(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(32, 16)
-        self.body = nn.Linear(16, 16)
+        self.body = nn.ModuleList([Block(), Block()])  # its blocks: FSDP units, activation-checkpointed one by one
         self.head = nn.Linear(16, 32)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.body(self.embed(tokens))))
+        x = self.embed(tokens)
+        for block in self.body:
+            x = block(x)
+        return self.head(x)
 
 
 def batch(global_batch_size: int, step: int) -> dict[str, torch.Tensor]:

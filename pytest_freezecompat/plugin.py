@@ -408,9 +408,13 @@ class MatrixSession:
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if hasattr(config, "workerinput") or self._run is None or not self._run.results:
             return
+        from .verdict.severity import fails_run
+
         counts: dict[str, Counter[str]] = {}
         for record in self.run.results.values():  # as pytest counts them: `known` xfailed, `fixed?` failed
-            counts.setdefault(f"{record['framework']}/{record['plugin']}", Counter())[display_status(record)] += 1
+            failed_own = record.get("user_model") and fails_run(record, self.options.fail_on)  # known or not
+            shown = record["status"] if failed_own else display_status(record)
+            counts.setdefault(f"{record['framework']}/{record['plugin']}", Counter())[shown] += 1
         columns = [c for c in SUMMARY_COLUMNS if c in STATUSES or any(c in n for n in counts.values())]
         rows = [["framework/plugin", *columns], *([name, *(str(n.get(c, 0)) for c in columns)]
                                                    for name, n in counts.items())]

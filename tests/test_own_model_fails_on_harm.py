@@ -78,6 +78,9 @@ def test_silent_harm_fails_the_run_and_the_end_says_what_to_do(outcome):
     result.assert_outcomes(passed=1, failed=1, xfailed=2)
     severities = {c["plugin"]: c["severity"] for c in report["cells"] if c["freeze"] == "frozen-embedding"}
     assert severities == {"ddp-find-unused": "silent", "ddp": "refused"}
+    # The summary counts as pytest did: the silent cell failed although an entry explains it, the refusal is known.
+    result.stdout.fnmatch_lines(["framework/plugin *pass *fail *error *known",
+                                 "torch/ddp-find-unused *0 *1 *0 *1"])
     text = result.stdout.str()
     assert "your models: not safe, why, and what to do instead" in text
     section = text.split("your models: not safe, why, and what to do instead", 1)[1]

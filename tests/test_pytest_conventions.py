@@ -83,7 +83,7 @@ def test_a_matrix_option_without_the_matrix_is_a_usage_hint(pytester: pytest.Pyt
 
 def test_select_narrows_user_cells_and_its_errors_are_one_line(pytester: pytest.Pytester, run_user):
     shutil.copy(ROOT / "examples" / "test_own_model.py", pytester.path)
-    result, _ = run_user("--freeze-matrix-select=plugin=ddp,init=eager,freeze=head-only", "--co", "-q")
+    result, _ = run_user("--freeze-matrix-select=plugin=ddp,init=eager,checkpoint=none,freeze=head-only", "--co", "-q")
     result.stdout.fnmatch_lines([f"*tiny-tagger/torch@{TORCH}/ddp/eager/none/head-only", "1 test collected*"])
     for bad, line in [("plugin=bogus", "ERROR: --freeze-matrix-select: unknown plugin 'bogus'; valid: *"),
                       ("freeze=bogus", "ERROR: --freeze-matrix-select: unknown freeze 'bogus'; valid: none, *, "
@@ -98,8 +98,8 @@ def test_known_issues_explain_user_cells_by_what_they_predict(pytester: pytest.P
     """FSDP1 refuses a unit with mixed requires_grad: the registry's entry names built-in patterns only, yet
     explains the user's `frozen-embedding` by stack, status, message and `raised_in`; the control is no `fixed?`."""
     shutil.copy(ROOT / "examples" / "test_own_model.py", pytester.path)
-    result, report = run_user("--freeze-matrix-select=plugin=fsdp1,init=eager,freeze=frozen-embedding,freeze=none",
-                              "-rxX")
+    result, report = run_user("--freeze-matrix-select=plugin=fsdp1,init=eager,checkpoint=none,"
+                              "freeze=frozen-embedding,freeze=none", "-rxX")
     cells = {c["freeze"]: c for c in report["cells"]}
     assert cells["frozen-embedding"]["status"] == "error"
     assert cells["frozen-embedding"]["known_issue"]["id"] == "torch-fsdp1-uniform-requires-grad"
@@ -135,7 +135,7 @@ def test_the_readme_snippet_runs_as_written(pytester: pytest.Pytester, run_user)
     section = readme.split("## Your own model", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     pytester.makepyfile(test_snippet=snippet)
-    result, report = run_user("--freeze-matrix-select=plugin=ddp,init=eager,freeze=head-only")
+    result, report = run_user("--freeze-matrix-select=plugin=ddp,init=eager,checkpoint=none,freeze=head-only")
     result.assert_outcomes(passed=1)
     assert report["cells"][0]["status"] == "pass"
 
