@@ -138,3 +138,15 @@ def test_the_guide_and_advise_answer_on_the_projects_own_report(pytester, monkey
     listed = subprocess.run([sys.executable, "-m", "pytest_freezecompat.cli", "advise", "--framework", "torch"],
                             cwd=pytester.path, capture_output=True, text=True, check=False)
     assert "layered-net" in listed.stdout and "frozen-embedding" in listed.stdout
+
+
+def test_each_cell_of_a_users_model_runs_its_own_round_trip(pytester, run_user):
+    """Round-trip sharing rests on evidence from the built-in models: a user's non-reentrant cell once took the
+    refused round trip of its reentrant twin (FSDP2's load asks for Adam state its grad-less blocks never had)."""
+    pytester.makepyfile(test_mine=MODEL.replace('plugins=["ddp", "ddp-find-unused"]', 'plugins=["fsdp2"]')
+                        .replace('checkpoint=["reentrant"]', 'checkpoint=["reentrant", "non-reentrant"]'))
+    _, report = run_user("-k", "frozen-embedding")
+    rows = {c["checkpoint"]: c for c in report["cells"]}
+    assert rows["reentrant"]["severity"] == "silent"  # C4: the blocks train on nothing
+    assert rows["non-reentrant"]["severity"] == "ok", rows["non-reentrant"]["message"]
+    assert not any(c.get("round_trip_of") for c in report["cells"])

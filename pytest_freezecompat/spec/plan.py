@@ -146,14 +146,17 @@ def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str
                    known_issue=str(effects["known_issue"]) if "known_issue" in effects else None,
                    user_model=user.model if user else None, tolerance=dict(user.tolerance) if user else {},
                    hyper=Hyper() if clip == LATER_AXES["clip"] else Hyper(max_norm=0.0),
-                   round_trip=round_trip_group(fw, key, effects, options),
+                   round_trip="" if user else round_trip_group(fw, key, effects, options),
                    promised_stack=fw.declaration.promised((plugin, init, checkpoint), precision),
                    observes=fw.declaration.observes, distributions=fw.declaration.distributions)
 
 
 def round_trip_group(fw: Framework, key: CellKey, effects: dict[str, object], options: dict[str, object]) -> str:
     """The cell's round-trip group: its id with each shared value replaced by its class's first, and whatever a
-    rule changed about how it runs (two cells a rule treats apart never share)."""
+    rule changed about how it runs (two cells a rule treats apart never share). Built-in models only: the evidence
+    that a class shares one result (benchmarks/round_trip_axes.py) is theirs, and the rules keeping cells apart name
+    their patterns; a user's cell runs its own (sharing gave a non-reentrant cell with a frozen embedding the
+    refused round trip of its reentrant twin, whose blocks had no grads to save)."""
     shared = CellKey(**{**key.as_dict(), **{axis: fw.round_trip_value(axis, getattr(key, axis))
                                             for axis in fw.round_trip}})
     ruled = {k: v for k, v in effects.items() if k not in ("known_issue", "skip")}
