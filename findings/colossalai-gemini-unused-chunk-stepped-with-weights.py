@@ -34,10 +34,51 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import traceback
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+#: What the fused CUDA Adam kernel of 0.3.4 says when the never-reduced chunk of `unused` (still in host memory) is
+#: handed to it next to CUDA tensors: the device checks of `multi_tensor_apply` in
+#: colossalai/kernel/cuda_native/csrc/multi_tensor_apply.cuh (TORCH_CHECK, raised in Python as RuntimeError). The
+#: first when a CUDA tensor heads the list (the grad of `used`, this script's order), the second when the host-memory
+#: grad comes first. Any other error of the step is not this mechanism.
+MIXED_DEVICE_ERRORS = ("A tensor was not on the same device as the first tensor", "expected input to be on cuda")
+#: A step of Adam moves a param by about `lr` (1e-2 here); `unused` has no gradient and weight_decay=0, so PyTorch
+#: leaves it exactly where it was.
+MOVED_ATOL = 1e-3
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def verdict_of_step_error(error: BaseException) -> tuple[int, str]:
+    """The exit code and last line for an `optimizer.step()` that raised `error`: REPRODUCED only for the fused
+    kernel's refusal of the mixed devices (the host-memory chunk stepped as a gradient), NOT REPRODUCED otherwise."""
+    expected = "RuntimeError from multi_tensor_apply.cuh: " + " or ".join(f'"{m}"' for m in MIXED_DEVICE_ERRORS)
+    actual = _one_line(error)
+    if isinstance(error, RuntimeError) and any(message in str(error) for message in MIXED_DEVICE_ERRORS):
+        return 0, ("REPRODUCED: GeminiOptimizer handed HybridAdam the never-reduced chunk of `unused` (its own "
+                   "weights, left in host memory) as the gradient, and the fused CUDA kernel refused the step "
+                   f"(expected {expected}; actual {actual})")
+    return 1, ("NOT REPRODUCED: optimizer.step() raised, but not the fused kernel's refusal of the host-memory chunk "
+               f"(expected {expected}; actual {actual})")
+
+
+def verdict_of_moves(moved: dict[str, float]) -> tuple[int, str]:
+    """The exit code and last line for a step that went through: `moved` is each state-dict entry's max |change|."""
+    expected = (f"unused.weight and unused.bias each moved > {MOVED_ATOL:.0e}, about lr; PyTorch leaves them at 0 "
+                "change: no grad, weight_decay=0")
+    actual = f"unused.weight moved {moved['unused.weight']:.1e}, unused.bias moved {moved['unused.bias']:.1e}"
+    if moved["unused.weight"] > MOVED_ATOL and moved["unused.bias"] > MOVED_ATOL:
+        return 0, ("REPRODUCED: `unused` got no gradient yet one step moved it (Adam applied its own weights as the "
+                   f"gradient; expected {expected}; actual {actual})")
+    return 1, f"NOT REPRODUCED: `unused` stayed where it was (expected {expected}; actual {actual})"
 
 
 class UsedAndUnused(nn.Module):
@@ -87,22 +128,21 @@ def main() -> int:
     booster.backward(loss, optimizer)
     try:
         optimizer.step()
-    except RuntimeError as error:  # 0.3.4: the unused chunk is still in host memory
-        print(f"optimizer.step() raised: {error}")
-        print("REPRODUCED: GeminiOptimizer handed HybridAdam the never-reduced chunk of `unused` (its own weights, "
-              "left in host memory) as the gradient, and the fused CUDA kernel refused the step")
-        return 0
+    except Exception as error:  # 0.3.4: the unused chunk is still in host memory (anything else: not this finding)
+        print(f"optimizer.step() raised: {_one_line(error)}")
+        code, line = verdict_of_step_error(error)
+        if code != 0:
+            traceback.print_exc()
+        print(line)
+        return code
     optimizer.zero_grad()
     after = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     moved = {k: float((after[k] - before[k]).abs().max()) for k in before}
     for name, delta in moved.items():
         print(f"{name}: max |change| after one step = {delta:.2e}")
-    if moved["unused.weight"] > 1e-3 and moved["unused.bias"] > 1e-3:
-        print(f"REPRODUCED: `unused` got no gradient yet one step moved it by up to {moved['unused.weight']:.1e} "
-              "(Adam applied its own weights as the gradient)")
-        return 0
-    print("NOT REPRODUCED: `unused` (no gradient, weight_decay=0) stayed where it was")
-    return 1
+    code, line = verdict_of_moves(moved)
+    print(line)
+    return code
 
 
 if __name__ == "__main__":

@@ -8,24 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from own_project import HEAD
 
 README = Path(__file__).parents[1] / "README.md"
 
-MODEL = '''
-import torch
-from torch import nn
-
-from pytest_freezecompat import freeze_case
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.mlp = nn.Linear(8, 8)
-
-    def forward(self, x):
-        return x + torch.tanh(self.mlp(x))
-
+MODEL = HEAD + '''
 
 class Net(nn.Module):
     """No checkpointing switch, no _no_split_modules: its blocks are what its ModuleList holds."""

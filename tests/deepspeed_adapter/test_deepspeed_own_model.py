@@ -5,22 +5,9 @@ control is not called silent for a grad that is zero in theory and a few bf16 ro
 import pytest
 
 pytest.importorskip("deepspeed")
+from own_project import HEAD
 
-MODEL = '''
-import torch
-from torch import nn
-
-from pytest_freezecompat import freeze_case
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.mlp = nn.Linear(8, 8)
-
-    def forward(self, x):
-        return x + torch.tanh(self.mlp(x))
-
+MODEL = HEAD + '''
 
 class Captioner(nn.Module):
     """Float image features beside tokens, as a vision-language model takes them."""
