@@ -7,6 +7,7 @@
   freezecompat advise --framework FW --plugin P --freeze PATTERN [--release R] [--model M] ...
                                                              is this setup safe, why not, and what to do instead
                                                              (leave out --plugin or --freeze: the values held)
+  freezecompat finding [ID]                                  a finding's upstream-ready report (no ID: the list)
 """
 
 from __future__ import annotations
@@ -141,6 +142,18 @@ def _advise(args: argparse.Namespace) -> int:
     return 0
 
 
+def _finding(args: argparse.Namespace) -> int:
+    from .report import findings
+
+    registry = known_issues.load(args.known_issues)
+    directory = findings.findings_dir()
+    if args.id is None:
+        print("\n".join(findings.listing(registry, directory)))
+    else:
+        print(findings.report(registry, directory, args.id), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freezecompat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                             help="a matrix.json or its folder (default: .freeze-matrix/matrix.json, your pytest "
                                  "run's, else reports/matrix.json)")
     advise_cmd.set_defaults(func=_advise)
+    finding_cmd = commands.add_parser("finding", help="a finding's upstream-ready report, as a maintainer reads it")
+    finding_cmd.add_argument("id", nargs="?", help="the registry entry (leave out: list every entry with a reproducer)")
+    finding_cmd.add_argument("--known-issues", metavar="FILE", help="the registry (default: the packaged one)")
+    finding_cmd.set_defaults(func=_finding)
     args = parser.parse_args(argv)
     from .bisect import BisectError
 
@@ -199,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     except (schema.ReportError, known_issues.KnownIssueError, BisectError) as exc:
         print(f"freezecompat: {exc}", file=sys.stderr)
         return USAGE_EXIT
+    except BrokenPipeError:  # `freezecompat ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
