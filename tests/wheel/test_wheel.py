@@ -77,6 +77,7 @@ def test_the_metadata_says_what_is_true() -> None:
     requires = meta.get_all("Requires-Dist")
     assert all("extra ==" in r for r in requires if r.startswith(("torch", "numpy")))  # torch only with [torch]
     assert "pytest_freezecompat/_matrix/matrix.toml" in names and "](reports/" not in meta.get_payload()
+    assert "pytest_freezecompat/_findings/README.md" in names  # `freezecompat finding` reads them there
 
 
 def test_the_sdist_leaves_out_reports_and_ci() -> None:
