@@ -35,9 +35,10 @@ class Run:
 
 
 def findings(framework: str) -> list[known_issues.Entry]:
-    """The registry's findings whose selectors name `framework` (explicitly: a finding is about one stack)."""
+    """The registry's entries with a reproducer whose selectors name `framework` (explicitly: a reproducer is about
+    one stack): findings, and the entries triage made upstream, by-design or misuse, which keep theirs."""
     registry = known_issues.load()
-    return [entry for entry in registry.entries if entry.kind == "finding"
+    return [entry for entry in registry.entries if entry.reproducer
             and any(framework in when.get("framework", ()) for when in entry.when)]
 
 

@@ -40,3 +40,16 @@ def test_an_unknown_id_or_a_missing_report_is_one_line(reports: Path, capsys: py
     assert cli.main(["finding", entry.id]) == 2
     assert capsys.readouterr().err == (f"freezecompat: {entry.id} has no upstream report yet ({entry.id}.md); its "
                                        f"reproducer: {entry.reproducer}\n")
+
+
+REPORTS = sorted(path for path in findings.findings_dir().glob("*.md") if path.name != "README.md")
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=lambda path: path.stem)
+def test_a_report_inlines_its_reproducer_as_the_repository_holds_it(path: Path):
+    """A maintainer runs what the report shows: the inlined script is the file the tests run, byte for byte."""
+    entry = known_issues.load().get(path.stem)
+    reproducer = findings.findings_dir().parent / entry.reproducer if entry.reproducer else None
+    assert reproducer is not None and reproducer.is_file(), f"{path.stem}: no reproducer"
+    inlined = path.read_text().split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
+    assert inlined == reproducer.read_text()

@@ -3,8 +3,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from pytest_freezecompat.core.names import kind_words
 from pytest_freezecompat.core.records import display_status
-from pytest_freezecompat.report import markdown, write
+from pytest_freezecompat.report import grid, markdown, write
 from pytest_freezecompat.spec import known_issues, matrix
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,7 +154,9 @@ def test_an_entry_named_by_a_rule_explains_failures_outside_its_selector_but_fla
     ({"fixed_in": {"torch": "2.5"}}, "fixed_in", "torch 2.5 is inside the entry's own range"),
     ({"fixed_in": {"composer": "0.24.0"}}, "fixed_in", "composer: not among the entry's versions"),
     ({"fixed_in": {"torch": "soon"}}, "fixed_in", "'soon' is not a version"),
-    ({"kind": "bug"}, "kind", "must be one of upstream, finding, not 'bug'"),
+    ({"kind": "bug"}, "kind", "must be one of upstream, finding, by-design, misuse, not 'bug'"),
+    ({"kind": "by-design", "links": []}, "links", "must be a non-empty list of https:// URLs"),  # where it was chosen
+    ({"about_freezing": "no"}, "about_freezing", "must be true or false"),
     ({"kind": "finding"}, "reproducer", "a finding ships a standalone reproducer"),
     ({"kind": "finding", "reproducer": "repro.py"}, "reproducer", "must be a path findings/<name>.py"),
     ({"kind": "finding", "reproducer": "findings/x.py", "links": ["ftp://x"]}, "links", "(or [] for a finding)"),
@@ -180,6 +183,28 @@ def test_a_finding_needs_no_thread_but_ships_a_reproducer_the_report_names(tmp_p
     assert (entry.kind, entry.reproducer, entry.links) == ("finding", "findings/g.py", ())
     described = entry.describe()
     assert described["kind"] == "finding" and described["reproducer"] == "findings/g.py" and "link" not in described
+
+
+def test_a_misuse_needs_no_thread_and_an_entry_may_say_it_is_not_about_freezing(tmp_path):
+    text = ENTRY.replace('id = "gemini-hook"', 'id = "gemini-hook"\nkind = "misuse"\nabout_freezing = false')
+    text = text.replace('links = ["https://github.com/hpcaitech/ColossalAI/issues/5290"]', "links = []")
+    described = registry(tmp_path, text).get("gemini-hook").describe()
+    assert (described["kind"], described["about_freezing"]) == ("misuse", False)
+    assert kind_words(described) == "an unsupported use; not about freezing: the nothing-frozen control fails alike"
+    assert kind_words({"id": "x"}) == "" and "about_freezing" not in registry(tmp_path).get("gemini-hook").describe()
+
+
+@pytest.mark.parametrize(("about_freezing", "causes", "problem"), [
+    (False, ["stack", "both"], None),
+    (False, ["stack", "freeze"], "says it is not about freezing, yet the nothing-frozen control passes where 1 of"),
+    (True, ["stack", "stack"], "every one of its 2 red cells' nothing-frozen control fails alike: not about freezing?"),
+    (True, ["stack", "freeze"], None),
+])
+def test_an_entrys_word_on_freezing_is_held_against_its_cells_causes(about_freezing, causes, problem):
+    known = {"id": "x"} if about_freezing else {"id": "x", "about_freezing": False}
+    cells = [{"severity": "refused", "cause": cause} for cause in causes] + [{"severity": "ok", "cause": None}]
+    found = grid.framing_problem(known, cells)
+    assert (found or "").startswith(problem or "") and bool(found) == bool(problem)
 
 
 def test_every_shipped_finding_has_its_reproducer_and_states_where_in_the_source():

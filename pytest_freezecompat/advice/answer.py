@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 from collections import Counter
 
-from ..core.names import SEVERITIES, SEVERITY_MEANING, cpu_only, fixed_in_words, not_checked
+from ..core.names import SEVERITIES, SEVERITY_MEANING, cpu_only, fixed_in_words, kind_words, not_checked
 from .nearest import RED, SAFE, Row, describe, held, severity
 from .workarounds import outcome
 
@@ -42,8 +42,8 @@ def lines(cell: Row) -> list[str]:
         out += _wrapped("why", why(cell))
     known = cell.get("known_issue") or {}
     if known.get("expected"):
-        kind = "finding" if known.get("kind") == "finding" else "upstream"
         pointer = (known.get("links") or [known.get("link") or known.get("reproducer")])[0]
+        kind = kind_words(known) or "upstream"
         out.append(f"  known       {known['id']} ({kind})" + (f" {pointer}" if pointer else ""))
         out.append(f"  fixed in    {fixed_in_words(known) or 'no release yet'}")
         if cpu_only(known):

@@ -162,6 +162,21 @@ def cpu_only(known: dict[str, Any]) -> str | None:
     return f"Only on {ONLY_ON_WORDS.get(scope['backend'], scope['backend'])}; on GPU: {scope['elsewhere']}"
 
 
+#: How every format names a registry entry's kind beside its id (`spec.known_issues.KINDS`; upstream: nothing).
+KIND_WORDS = {"finding": "a finding of this matrix", "by-design": "upstream behaviour by design",
+              "misuse": "an unsupported use"}
+NOT_ABOUT_FREEZING = "not about freezing: the nothing-frozen control fails alike"
+
+
+def kind_words(known: dict[str, Any]) -> str:
+    """`a finding of this matrix; not about freezing: ...`: what every format says beside an entry's id ("" for an
+    upstream report about freezing)."""
+    words = [KIND_WORDS.get(known.get("kind") or "upstream", "")]
+    if known.get("about_freezing") is False:
+        words.append(NOT_ABOUT_FREEZING)
+    return "; ".join(filter(None, words))
+
+
 def fixed_in_words(known: dict[str, Any]) -> str:
     """`torch 2.9.0`: the releases that fixed an entry, by package, as every format and every framework sharing the
     entry says it ("" where none has)."""

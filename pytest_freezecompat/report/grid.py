@@ -243,6 +243,19 @@ def known_issues(cells: Iterable[Cell]) -> dict[str, tuple[dict[str, Any], list[
     return entries
 
 
+def framing_problem(known: dict[str, Any], cells: list[Cell]) -> str | None:
+    """Where an entry's word on freezing and its red cells' causes disagree: `about_freezing = false` yet a cell's
+    nothing-frozen control passes, or about freezing yet every red cell's control fails alike (a mis-framed entry
+    shows in the report, as a stale range does)."""
+    causes = Counter(cell.get("cause") for cell in cells if severity(cell) in HARMFUL)
+    if known.get("about_freezing") is False and causes["freeze"]:
+        return (f"says it is not about freezing, yet the nothing-frozen control passes where {causes['freeze']} of "
+                "its cells fail")
+    if known.get("about_freezing", True) and causes["stack"] and causes["stack"] == sum(causes.values()):
+        return f"every one of its {causes['stack']} red cells' nothing-frozen control fails alike: not about freezing?"
+    return None
+
+
 def links(known: dict[str, Any]) -> list[str]:
     """An entry's upstream threads (reports written before `links` have one `link`)."""
     return list(known.get("links") or ([known["link"]] if known.get("link") else []))

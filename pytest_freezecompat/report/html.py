@@ -24,7 +24,16 @@ from markupsafe import Markup
 
 from ..advice.answer import change_text
 from ..advice.workarounds import outcome
-from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, cpu_only, fixed_in_words, not_checked
+from ..core.names import (
+    LATER_AXES,
+    SEVERITIES,
+    SEVERITY_MEANING,
+    clip,
+    cpu_only,
+    fixed_in_words,
+    kind_words,
+    not_checked,
+)
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -123,7 +132,7 @@ class _Payload:
     def issue(self, known: dict[str, Any]) -> int:
         entry = {"id": known["id"], "summary": known.get("summary", ""), "links": grid.links(known),
                  "expected": bool(known.get("expected")), "fixed": bool(known.get("fixed")),
-                 "kind": known.get("kind", "upstream"), "reproducer": known.get("reproducer", ""),
+                 "kind_words": kind_words(known), "reproducer": known.get("reproducer", ""),
                  "no_workaround": known.get("no_workaround", "")}
         return self.issues.setdefault(json.dumps(entry, sort_keys=True), len(self.issues))
 

@@ -15,7 +15,16 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from ..core.names import LATER_AXES, SEVERITIES, SEVERITY_MEANING, clip, cpu_only, fixed_in_words, not_checked
+from ..core.names import (
+    LATER_AXES,
+    SEVERITIES,
+    SEVERITY_MEANING,
+    clip,
+    cpu_only,
+    fixed_in_words,
+    kind_words,
+    not_checked,
+)
 from ..core.records import FAILING, STATUSES, display_status, with_later_axes
 from . import grid, releases
 
@@ -448,11 +457,15 @@ def _known_issues(cells: list[Cell], workarounds: list[dict[str, Any]]) -> list[
         fixed = fixed_in_words(known)
         scope = cpu_only(known)
         narrow = sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine)
-        lines.append(f"- **{_inline(issue_id)}** ({_issue_tally(mine)}) — {where} — {_inline(known.get('summary', ''))}"
+        kind = f" *{_inline(kind_words(known))}*" if kind_words(known) else ""
+        lines.append(f"- **{_inline(issue_id)}** ({_issue_tally(mine)}){kind} — {where} — "
+                     f"{_inline(known.get('summary', ''))}"
                      + (f" — **fixed in {_inline(fixed)}**" if fixed else "")
                      + (f" — **{_inline(scope)}**" if scope else "")
                      + (f" — ⚠ range too narrow: {narrow} red cells outside its versions fail as it describes"
-                        if narrow else "") + (f" — {links}" if links else ""))
+                        if narrow else "")
+                     + (f" — ⚠ {_inline(framing)}" if (framing := grid.framing_problem(known, mine)) else "")
+                     + (f" — {links}" if links else ""))
         proved = [row for row in workarounds if row["entry"] == issue_id]
         if proved:
             lines.append(f"  - **Instead**{' (on CPU)' if scope else ''}: {_workaround_states(proved)}")

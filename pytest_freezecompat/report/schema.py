@@ -52,7 +52,7 @@ KNOWN_ISSUE = Table(required={"id": "string"},
                               "fixed": "boolean", "range_too_narrow": "boolean", "versions": Table(),
                               "fixed_in": Table(), "kind": "string", "reproducer": "string",
                               "workarounds": ListOf(Table(required={"change": Table(), "says": "string"})),
-                              "no_workaround": "string", "only_on": Table()})
+                              "no_workaround": "string", "only_on": Table(), "about_freezing": "boolean"})
 #: A red cell's nearest safe setups (`advice.annotate`): the cell, its severity, and each (axis, from, to).
 INSTEAD = Table(required={"cell": "string", "severity": "string", "changes": ListOf(ListOf("string"))})
 #: An explained red cell's workarounds (`advice.annotate`): the cell each leads to (null: not in the report) and

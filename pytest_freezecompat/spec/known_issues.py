@@ -24,7 +24,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..core.names import CHECKS, KEY_AXES, USER_AXES, VALUE_RE
+from ..core.names import CHECKS, KEY_AXES, KIND_WORDS, USER_AXES, VALUE_RE
 from ..core.records import FAILING
 from . import selectors
 from .matrix import DEVICES, Framework, Spec, default_spec_path, listing, tomllib, unselectable
@@ -38,14 +38,17 @@ REQUIRED = ("id", "summary", "links", "when", "versions", "status")
 #: Where a mechanism may exist only on this project's CPU runs: the gloo backend, or CPU tensors/devices.
 ONLY_ON = ("gloo", "cpu")
 OPTIONAL = (*selectors.FIELDS, "check", "predicts", "fixed_in", "kind", "reproducer", "workarounds", "no_workaround",
-            "only_on")
+            "only_on", "about_freezing")
 #: What a workaround may change of a cell it explains: the user keeps their model and framework; `freeze` names a
 #: pattern that applies a recipe (e.g. the idle branch frozen), which the matrix runs like any other.
 WORKAROUND_AXES = ("checkpoint", "clip", "freeze", "init", "plugin")
-#: What an entry is: an upstream report (its thread is the first link), or a **finding** of this matrix that no
-#: upstream thread describes yet: its summary states the mechanism from the framework's source (file, function),
-#: and it ships a standalone reproducer (`findings/<id>.py`, the framework alone, no plugin) that a test runs.
-KINDS = ("upstream", "finding")
+#: What an entry is, as a maintainer would triage it: an upstream report (its thread is the first link); a **finding**
+#: of this matrix, a defect of a current release that no upstream thread describes yet (its summary states the
+#: mechanism from the framework's source, file and function, and it ships a standalone reproducer,
+#: `findings/<id>.py`, the framework alone, that a test runs); behaviour the maintainers chose (`by-design`: its
+#: links say where, its summary the harm it still does and what we would ask); or an unsupported use that fails
+#: loudly (`misuse`: its summary names the supported way and the clearer error we would ask for).
+KINDS = ("upstream", *KIND_WORDS)
 REPRODUCER_RE = re.compile(r"^findings/[a-z0-9][a-z0-9-]*\.py$")
 #: What an entry may predict of the failures it explains, and the values each prediction takes:
 #:   raised_in      error/crash/timeout: "wrapping" (before the first step) or "training"
@@ -98,6 +101,9 @@ class Entry:
     #: Where the mechanism exists only on our CPU runs: {backend = "gloo" | "cpu", elsewhere = "what a GPU/NCCL run
     #: sees, and whether it ran"}. Every format says so beside the entry and its "instead".
     only_on: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: False where the failure does not need anything frozen (the nothing-frozen control fails alike): every format
+    #: says so, and `not_about_freezing_but_control_passes` lists its cells whose control disagrees.
+    about_freezing: bool = True
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
         """A user's cell is selected by the stack alone (framework, plugin, init, checkpoint, device): its model
@@ -157,7 +163,8 @@ class Entry:
                     "kind": self.kind if self.kind != "upstream" else None, "reproducer": self.reproducer,
                     "workarounds": [workaround.describe() for workaround in self.workarounds],
                     "no_workaround": self.no_workaround, "only_on": dict(self.only_on)}
-        return {**described, **{key: value for key, value in optional.items() if value}}
+        described.update({key: value for key, value in optional.items() if value})
+        return described if self.about_freezing else {**described, "about_freezing": False}
 
 
 @dataclass(frozen=True)
@@ -263,11 +270,13 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
         raise error("reproducer", "a finding ships a standalone reproducer: findings/<id>.py")
     if reproducer is not None and (not isinstance(reproducer, str) or not REPRODUCER_RE.match(reproducer)):
         raise error("reproducer", "must be a path findings/<name>.py (lowercase, digits, '-')")
-    # A finding may have no thread yet (related ones may be linked); an upstream entry names its thread first.
-    links = () if kind == "finding" and body["links"] == [] else _strings(body["links"])
+    # A finding or a misuse may have no thread (related ones may be linked); an upstream entry names its thread
+    # first, a by-design one where the maintainers chose it.
+    unthreaded = kind in ("finding", "misuse")
+    links = () if unthreaded and body["links"] == [] else _strings(body["links"])
     if links is None or not all(link.startswith("https://") for link in links):
-        raise error("links", "must be a non-empty list of https:// URLs" + (" (or [] for a finding)"
-                                                                            if kind == "finding" else ""))
+        raise error("links", "must be a non-empty list of https:// URLs" + (f" (or [] for a {kind})"
+                                                                            if unthreaded else ""))
     tables = body["when"] if isinstance(body["when"], list) else [body["when"]]
     if not tables or not all(isinstance(sel, dict) and sel for sel in tables):
         raise error("when", "must be a non-empty table of axis = value(s), or a list of such tables")
@@ -331,10 +340,13 @@ def _entry(path: Path, index: int, body: Any, seen: dict[str, int]) -> Entry:
                     or only_on["backend"] not in ONLY_ON or not str(only_on["elsewhere"]).strip()):
         raise error("only_on", f"must be {{ backend = {' | '.join(repr(b) for b in ONLY_ON)}, elsewhere = \"what a "
                                "GPU/NCCL run sees\" }")
+    about_freezing = body.get("about_freezing", True)
+    if not isinstance(about_freezing, bool):
+        raise error("about_freezing", "must be true or false (false: the nothing-frozen control fails alike)")
     seen[body["id"]] = index
     return Entry(body["id"], body["summary"].strip(), links, tuple(when), versions, statuses, failure, check,
                  dict(predicts), dict(fixed_in), kind, reproducer, workarounds,
-                 no_workaround.strip() if no_workaround else None, dict(only_on))
+                 no_workaround.strip() if no_workaround else None, dict(only_on), about_freezing)
 
 
 def _workarounds(raw: Any, error: Any) -> tuple[Workaround, ...]:

@@ -196,7 +196,7 @@
     if (k) {
       body.append(el('h3', 'known issue'));
       const p = el('p');
-      p.append(el('strong', k.id + (k.kind === 'finding' ? ' (a finding of this matrix)' : '')));
+      p.append(el('strong', k.id + (k.kind_words ? ' (' + k.kind_words + ')' : '')));
       if (k.summary) p.append(el('span', ' — ' + k.summary));
       if (c.cpu_only) p.append(el('div', c.cpu_only));
       const ul = el('ul');
