@@ -88,3 +88,21 @@ def test_select_names_the_nearest_values_held():
         select(cells, {**SETUP, "plugin": "gemni"})
     with pytest.raises(NotInReport, match=r"several plugins \(a, b\): name one with --plugin"):
         select([row(plugin="a"), row(plugin="b")], {**SETUP, "plugin": None})
+
+
+def test_a_runs_end_shows_each_way_of_going_wrong_once_and_names_the_rest():
+    """Silent first; cells refused by one entry: the first in full, the others by what tells them apart."""
+    from pytest_freezecompat.advice.answer import not_safe
+
+    known = {"id": "fsdp1-uniform", "expected": True, "links": ["https://github.com/o/r/issues/1"]}
+    refused = [{**row("error", "refused", plugin="fsdp1", init=init, freeze=freeze), "known_issue": known}
+               for init in ("eager", "meta") for freeze in ("lora", "head-only")]
+    silent = row("fail", "silent", plugin="ddp", checkpoint="reentrant")
+    text = not_safe([*refused, silent, row(plugin="ddp")])
+    headers = [line for line in text if not line.startswith(" ")]
+    assert headers == [f"{silent['id']}: SILENT (fail): " + headers[0].split(": ", 2)[2], headers[1]]
+    shown = headers[1].split(": REFUSED (error)")[0]
+    assert shown in {cell["id"] for cell in refused}
+    named = [line.strip() for line in text if line.startswith("  same in")]
+    rest = {f"init={cell['init']} freeze={cell['freeze']}" for cell in refused if cell["id"] != shown}
+    assert len(named) == 1 and set(named[0].removeprefix("same in").strip().split(", ")) == rest

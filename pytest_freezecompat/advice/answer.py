@@ -135,7 +135,18 @@ def listing(rows: list[Row], named: dict[str, str]) -> list[str]:
     return out
 
 
+#: What may tell apart the cells of one run that go wrong alike (`not_safe`'s `same in`).
+RUN_AXES = ("model", "framework", "release", "plugin", "init", "checkpoint", "freeze", "clip")
+
+
 def not_safe(cells: list[Row]) -> list[str]:
-    """`advise`'s answer for each cell that is not safe, worst first: what a run's end says of a user's own models."""
-    return [line for cell in sorted(cells, key=worst_first) if severity(cell) not in (*SAFE, "skipped")
-            for line in lines(cell)]
+    """What a run's end says of a user's own models, worst first: `advise`'s answer for one cell of each way of going
+    wrong, and the setups of the rest of its kind by what tells them apart (120 cells refused alike would otherwise
+    fill pages with the same why and workaround)."""
+    out = []
+    for group in alike([cell for cell in cells if severity(cell) not in (*SAFE, "skipped")]):
+        out += lines(group[0])
+        axes = tuple(axis for axis in RUN_AXES if len({cell.get(axis) for cell in group}) > 1)
+        if len(group) > 1:
+            out += _wrapped("same in", ", ".join(setup(cell, axes) for cell in group[1:]))
+    return out
