@@ -145,12 +145,14 @@ def _advise(args: argparse.Namespace) -> int:
 def _finding(args: argparse.Namespace) -> int:
     from .report import findings
 
-    registry = known_issues.load(args.known_issues)
+    entries = [entry for entry in known_issues.load(args.known_issues).entries if entry.reproducer]
     directory = findings.findings_dir()
-    if args.id is None:
-        print("\n".join(findings.listing(registry, directory)))
-    else:
-        print(findings.report(registry, directory, args.id), end="")
+    try:
+        print("\n".join(findings.listing(entries, directory)) if args.id is None else
+              findings.report(entries, directory, args.id), end="\n" if args.id is None else "")
+    except findings.FindingError as exc:
+        print(f"freezecompat: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     return 0
 
 
