@@ -331,17 +331,14 @@ class MatrixSession:
         from .report import schema
 
         run, options = self.run, self.options
-        where = f"environment {options.environment}" if options.environment else "every environment"
+        where = f"environment {options.environment}" if options.environment else "every framework installed here"
         lines = [f"freeze-matrix: {where}, {run.device}/{run.backend}, world size "
                  f"{options.world_size}, timeout {options.timeout_s:g} s, spec {run.spec.path}"]
-        missing = run.missing_frameworks()
+        missing = run.missing_frameworks()  # said once at the end, for the cells the run would have had
         versions = []
-        for name in dict.fromkeys(cell.key.framework for cell in run.cells):
-            if name in missing:
-                versions.append(f"{name} not importable")
-            else:
-                info = run.environment(next(c.environment for c in run.cells if c.key.framework == name))
-                versions.append(f"{name} {info['frameworks'].get(name) or '?'}")
+        for name in dict.fromkeys(cell.key.framework for cell in run.cells if cell.key.framework not in missing):
+            info = run.environment(next(c.environment for c in run.cells if c.key.framework == name))
+            versions.append(f"{name} {info['frameworks'].get(name) or '?'}")
         lines.append(f"freeze-matrix stacks: torch {schema.distribution_version('torch') or '?'}; frameworks: "
                      f"{', '.join(versions) or 'none'}")
         return lines

@@ -23,8 +23,8 @@ ROOT = Path(__file__).parents[1]
 
 def test_header_names_what_decides_the_results(run_matrix):
     result, _ = run_matrix(SMALL, "--collect-only", "--freeze-matrix-timeout=30")
-    result.stdout.fnmatch_lines([f"freeze-matrix: every environment, cpu/gloo, world size 2, timeout 30 s, "
-                                 f"spec {SPECS / 'small.toml'}",
+    result.stdout.fnmatch_lines(["freeze-matrix: every framework installed here, cpu/gloo, world size 2, timeout 30 "
+                                 f"s, spec {SPECS / 'small.toml'}",
                                  "freeze-matrix stacks: torch 2.*; frameworks: torch 2.*",
                                  "*",
                                  "freeze-matrix cells: 3 of the built-in matrix"])

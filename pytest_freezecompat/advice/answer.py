@@ -144,7 +144,10 @@ def not_safe(cells: list[Row]) -> list[str]:
     wrong, and the setups of the rest of its kind by what tells them apart (120 cells refused alike would otherwise
     fill pages with the same why and workaround)."""
     out = []
-    for group in alike([cell for cell in cells if severity(cell) not in (*SAFE, "skipped")]):
+    bad = [cell for cell in cells if severity(cell) not in (*SAFE, "skipped")]
+    models = {model: [cell for cell in bad if cell["model"] == model] for model in dict.fromkeys(
+        cell["model"] for cell in sorted(bad, key=worst_first))}  # a model's cells together, worst model first
+    for group in (group for mine in models.values() for group in alike(mine)):
         out += lines(group[0])
         axes = tuple(axis for axis in RUN_AXES if len({cell.get(axis) for cell in group}) > 1)
         if len(group) > 1:
