@@ -83,8 +83,13 @@ def main() -> int:
         warnings.simplefilter("always")
         booster = Booster(plugin=TorchFSDPPlugin())
         boosted, boosted_optimizer = boost_on_cpu(booster, model, optimizer)
-    held = sum(p.numel() for g in boosted_optimizer.param_groups for p in g["params"])
-    print(f"after boost the optimizer holds {held} elements (head: {head}, whole model: {whole}); warnings: "
+    held_params = [p for g in boosted_optimizer.param_groups for p in g["params"]]
+    held = sum(p.numel() for p in held_params)
+    # torch_fsdp_plugin.py, TorchFSDPPlugin.configure: optimizer.__init__(fsdp_model.parameters(), **optimizer.defaults)
+    rebuilt = (boosted_optimizer.optim is optimizer
+               and [id(p) for p in held_params] == [id(p) for p in boosted.unwrap().parameters()])
+    print(f"expected: the optimizer holds head.* only ({head} elements); actual: it holds {held} elements (whole "
+          f"model: {whole}), {'exactly' if rebuilt else 'not'} the FSDP model's parameters(); warnings: "
           f"{[str(w.message)[:60] for w in caught]}")
     booster.backward(boosted(torch.ones(2, 4)).sum(), boosted_optimizer)
     boosted_optimizer.step()
@@ -92,12 +97,15 @@ def main() -> int:
         after = {n: p.detach().clone() for n, p in boosted.unwrap().named_parameters()}
     moved = sorted(n.replace("_fsdp_wrapped_module.", "") for n, p in after.items()
                    if not torch.equal(p, before[n.replace("_fsdp_wrapped_module.", "")]))
-    print(f"params that moved after one step: {moved}")
+    print(f"params that moved after one step: expected ['head.bias', 'head.weight'], actual {moved}")
     dist.destroy_process_group()
-    if any(n.startswith("body.") for n in moved):
+    everything = sorted(before)
+    if rebuilt and held == whole and moved == everything:
         print("REPRODUCED: TorchFSDPPlugin re-initialized the optimizer over every param: body.*, left out of the "
               "optimizer, moved at optimizer.step() (no warning for a single param group)")
         return 0
+    if not (held == head and moved == ["head.bias", "head.weight"]):
+        raise AssertionError(f"unexpected state: optimizer holds {held} elements, moved {moved}")
     print("NOT REPRODUCED: only the params given to the optimizer moved")
     return 1
 

@@ -66,11 +66,12 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     optimizer = FSDPOptimizerWrapper(torch.optim.SGD(model.parameters(), lr=0.1), model)
     model(torch.ones(2, 4)).sum().backward()  # the same batch on both ranks: FSDP's averaged grad is the local one
     before = [p.grad.detach().clone() for p in optimizer.parameters if p.grad is not None]
+    shard_norm = math.sqrt(sum(float(b.pow(2).sum()) for b in before))  # this rank's shard alone
     norm = float(optimizer.clip_grad_by_norm(MAX_NORM))
     after = [p.grad.detach() for p in optimizer.parameters if p.grad is not None]
     scale = float(sum((a * b).sum() for a, b in zip(after, before)) / sum((b * b).sum() for b in before))
-    seen: list[tuple[float, float] | None] = [None] * WORLD_SIZE
-    dist.all_gather_object(seen, (norm, scale))
+    seen: list[tuple[float, float, float] | None] = [None] * WORLD_SIZE
+    dist.all_gather_object(seen, (norm, scale, shard_norm))
     if rank == 0:
         with open(os.path.join(folder, "seen.json"), "w") as out:
             json.dump(seen, out)
@@ -88,16 +89,34 @@ def main() -> int:
         mp.spawn(rank_main, args=(free_port(), folder), nprocs=WORLD_SIZE)
         with open(os.path.join(folder, "seen.json")) as saved:
             seen = json.load(saved)
-    norms = [norm for norm, _ in seen]
-    scales = [scale for _, scale in seen]
+    norms = [norm for norm, _, _ in seen]
+    scales = [scale for _, scale, _ in seen]
     print(f"colossalai {colossalai.__version__}, torch {torch.__version__}; model grad norm {model_norm:.6g}, "
           f"max_norm {MAX_NORM}")
-    for rank, (norm, scale) in enumerate(seen):
-        print(f"rank {rank}: clip_grad_by_norm returned {norm:.6g}, scaled its grads by {scale:.6g}")
+
+    def factor(norm: float) -> float:  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1
+        return min(1.0, MAX_NORM / (norm + 1e-6))
+
+    for rank, (norm, scale, shard_norm) in enumerate(seen):
+        print(f"rank {rank}: clip_grad_by_norm returned {norm:.6g} (expected the model's {model_norm:.6g}; its "
+              f"shard's own norm {shard_norm:.6g}), scaled its grads by {scale:.6g} (expected "
+              f"{factor(model_norm):.6g}; by its shard's norm {factor(shard_norm):.6g})")
     print(f"L2 sum of the ranks' norms: {math.sqrt(sum(n * n for n in norms)):.6g}")
-    wrong = [not math.isclose(norm, model_norm, rel_tol=1e-4) for norm in norms]
-    uneven = not math.isclose(scales[0], scales[1], rel_tol=1e-4)
-    if any(wrong) and uneven:
+
+    def close(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=1e-4)
+
+    # OptimizerWrapper.clip_grad_by_norm (colossalai/interface/optimizer.py): nn.utils.clip_grad_norm_ over this
+    # rank's flat-param shards, so each rank returns and clips by its own shard's norm, and these L2-sum to the model's.
+    shard_local = (all(close(norm, shard) and close(scale, factor(shard)) for norm, scale, shard in seen)
+                   and close(math.sqrt(sum(n * n for n in norms)), model_norm)
+                   and not any(close(norm, model_norm) for norm in norms)
+                   and not close(scales[0], scales[1]))
+    global_norm = all(close(norm, model_norm) and close(scale, factor(model_norm))
+                      for norm, scale in zip(norms, scales))
+    if not (shard_local or global_norm):
+        raise AssertionError(f"unexpected state: neither shard-local nor global clipping: {seen}")
+    if shard_local:
         print("REPRODUCED: TorchFSDPPlugin's clip_grad_by_norm returns each rank's shard norm, not the model's, "
               "and the ranks clip their shards by different factors")
         return 0

@@ -96,6 +96,7 @@ def main() -> int:
     deepspeed.init_distributed(dist_backend="gloo")
     print(f"deepspeed {deepspeed.__version__}, torch {torch.__version__}; {HELD} requires grad, not in the optimizer")
     found: dict[int, bool] = {}
+    optimizer_held: dict[int, bool] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for stage in (2, 3):
             folder = Path(tmp) / f"zero{stage}"
@@ -104,8 +105,14 @@ def main() -> int:
             holding = [place for place, names in places.items() if HELD in names]
             consolidated = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=TAG)
             found[stage] = bool(holding)
-            print(f"ZeRO stage {stage}: {HELD} saved in {holding or 'no file'}; zero_to_fp32 state dict keys: "
+            # control: the optimizer's own param is in the optimizer shards (param_shapes, from _get_zero_param_shapes)
+            optimizer_held[stage] = any(place.endswith("param_shapes (optimizer shards)") and "trained.weight" in names
+                                        for place, names in places.items())
+            print(f"ZeRO stage {stage}: {HELD} expected in a checkpoint file, actual: saved in {holding or 'no file'}; "
+                  f"trained.weight in param_shapes: {optimizer_held[stage]}; zero_to_fp32 state dict keys: "
                   f"{sorted(consolidated)}")
+    if not optimizer_held[3]:
+        raise AssertionError("unexpected state: the ZeRO-3 checkpoint's param_shapes lack trained.weight too")
     if not found[3]:
         print(f"REPRODUCED: under ZeRO-3, {HELD} (requires grad, outside the optimizer) is in no checkpoint file "
               f"and missing from zero_to_fp32's state dict (ZeRO-2: {'in' if found[2] else 'not in'} its module "

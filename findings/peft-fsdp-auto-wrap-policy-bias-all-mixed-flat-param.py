@@ -32,8 +32,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wrap(bias: str) -> str:
-    """'wrapped' or the error FSDP1 raised, for a LoRA tiny Llama with LoraConfig(bias=bias) under peft's policy."""
+def wrap(bias: str) -> tuple[str, list[str]]:
+    """'wrapped' or the error FSDP1 raised, for a LoRA tiny Llama with LoraConfig(bias=bias) under peft's policy;
+    and the leaf modules with a frozen weight and a trainable bias that the policy gives no unit of their own."""
     from peft import LoraConfig, get_peft_model
     from peft.utils.other import fsdp_auto_wrap_policy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -43,12 +44,18 @@ def wrap(bias: str) -> str:
     base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=2, attention_bias=True))
     model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], bias=bias))
+    policy = fsdp_auto_wrap_policy(model)
+    # other.py, fsdp_auto_wrap_policy's lambda_policy_fn: a unit only for a leaf whose `weight` requires grad
+    mixed = [name for name, module in model.named_modules()
+             if not list(module.children()) and getattr(module, "weight", None) is not None
+             and getattr(module, "bias", None) is not None
+             and not module.weight.requires_grad and module.bias.requires_grad
+             and not policy(module=module, recurse=False, nonwrapped_numel=0)]
     try:
-        FSDP(model, auto_wrap_policy=fsdp_auto_wrap_policy(model), use_orig_params=False,
-             device_id=torch.device("cpu"))
+        FSDP(model, auto_wrap_policy=policy, use_orig_params=False, device_id=torch.device("cpu"))
     except ValueError as error:
-        return f"raised: {error}"
-    return "wrapped"
+        return f"raised: {error}", mixed
+    return "wrapped", mixed
 
 
 def main() -> int:
@@ -58,14 +65,17 @@ def main() -> int:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        control, biased = wrap("none"), wrap("all")
+        (control, _), (biased, mixed) = wrap("none"), wrap("all")
     finally:
         dist.destroy_process_group()
     print(f"peft {peft.__version__}, torch {torch.__version__}: FSDP1 (use_orig_params=False) with peft's "
           "fsdp_auto_wrap_policy around a LoRA tiny Llama (attention biases)")
-    print(f"bias='none': {control}")
-    print(f"bias='all': {biased}")
-    if control == "wrapped" and "uniform `requires_grad`" in biased:
+    print(f"bias='none': expected wrapped, actual {control}")
+    print(f"bias='all': expected wrapped, actual {biased}")
+    print(f"bias='all': leaves with a frozen weight and a trainable bias the policy does not wrap apart: {mixed}")
+    # torch/distributed/fsdp/_flat_param.py, FlatParamHandle._validate_tensors_to_flatten
+    refused = biased == "raised: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
+    if control == "wrapped" and refused and any(name.endswith("q_proj.base_layer") for name in mixed):
         print("REPRODUCED: the policy leaves bias='all' biases in a flat param with frozen weights")
         return 0
     if control == "wrapped" and biased == "wrapped":

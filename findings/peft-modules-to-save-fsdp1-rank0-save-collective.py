@@ -39,7 +39,29 @@ def free_port() -> int:
 
 
 class RankZeroCollective(RuntimeError):
-    """Rank 0 alone entered an all-gather."""
+    """Rank 0 alone entered an all-gather; `via` names the frames that led there."""
+
+    def __init__(self, via: list[str]) -> None:
+        super().__init__(via)
+        self.via = via
+
+
+def calling_frames() -> list[str]:
+    """The caller's stack as `Class.function (file)`, innermost first."""
+    frames, frame = [], sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        prefix = f"{type(owner).__name__}." if owner is not None else ""
+        frames.append(f"{prefix}{frame.f_code.co_name} ({'/'.join(Path(frame.f_code.co_filename).parts[-3:])})")
+        frame = frame.f_back
+    return frames
+
+
+# The entry's mechanism: peft/utils/other.py, ModulesToSaveWrapper.adapter_state_dict lists its keys with
+# self.modules_to_save[adapter_name].state_dict(), which runs FSDP's state-dict pre-hook
+# (torch/distributed/fsdp/_state_dict_utils.py, _pre_state_dict_hook): it unshards the unit with an all-gather.
+MECHANISM = ("ModulesToSaveWrapper.adapter_state_dict (peft/utils/other.py)",
+             "_pre_state_dict_hook (distributed/fsdp/_state_dict_utils.py)")
 
 
 def rank0_save_collectives(modules_to_save: list[str] | None) -> str:
@@ -63,14 +85,15 @@ def rank0_save_collectives(modules_to_save: list[str] | None) -> str:
             originals = dist.all_gather, dist.all_gather_into_tensor
 
             def refuse(*args: object, **kwargs: object) -> None:
-                raise RankZeroCollective
+                raise RankZeroCollective(calling_frames())
 
             dist.all_gather = dist.all_gather_into_tensor = refuse
             try:
                 keys = get_peft_model_state_dict(wrapped, state_dict=full)
                 outcome = f"no collective ({len(keys)} keys)"
-            except RankZeroCollective:
-                outcome = "rank 0 alone entered an all-gather"
+            except RankZeroCollective as entered:
+                via = list(dict.fromkeys(frame for frame in entered.via if frame in MECHANISM))
+                outcome = f"rank 0 alone entered an all-gather via {via or entered.via[:4]}"
             finally:
                 dist.all_gather, dist.all_gather_into_tensor = originals
     dist.barrier()
@@ -97,15 +120,16 @@ def main() -> int:
         with_lm_head, control = (Path(folder) / "outcome.txt").read_text().splitlines()
     print(f"peft {peft.__version__}, torch {torch.__version__}: FSDP1 under peft's fsdp_auto_wrap_policy, 2 gloo "
           "ranks; rank 0 alone extracts the adapter from the gathered full state dict (the Trainer's save)")
-    print(f"modules_to_save=['lm_head']: {with_lm_head}")
-    print(f"no modules_to_save (control): {control}")
-    if with_lm_head.startswith("rank 0 alone") and control.startswith("no collective"):
+    print(f"modules_to_save=['lm_head']: expected no collective, actual {with_lm_head}")
+    print(f"no modules_to_save (control): expected no collective, actual {control}")
+    mechanism = f"rank 0 alone entered an all-gather via {list(reversed(MECHANISM))}"
+    if with_lm_head == mechanism and control.startswith("no collective"):
         print("REPRODUCED: ModulesToSaveWrapper.adapter_state_dict unshards its FSDP unit on the saving rank alone")
         return 0
     if with_lm_head.startswith("no collective") and control.startswith("no collective"):
         print("NOT REPRODUCED: the adapter is extracted from the given state dict without a collective")
         return 1
-    print("the script is broken here: the control entered a collective")
+    print("the script is broken here: the control entered a collective, or the all-gather came from elsewhere")
     return 2
 
 
