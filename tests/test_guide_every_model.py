@@ -176,7 +176,8 @@ def test_the_published_report_shows_the_peft_adapter_loss_on_hf_1_10_1(capsys):
                 "--release", "1.10.1", "--report", str(PUBLISHED)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"hf 1.10.1 · {PLUGIN} · freeze lora · model tiny-llama-lora: 3 setups: 2 silent")
-    assert f"  known       {ADAPTER_ONLY['id']} (upstream) https://github.com/huggingface/accelerate/pull/4206" in lines
+    assert (f"  known       {ADAPTER_ONLY['id']} (upstream; not about freezing: the nothing-frozen control fails "
+            "alike) https://github.com/huggingface/accelerate/pull/4206") in lines
     assert "  fixed in    hf 1.15.0" in lines
     text = guide.render(schema.load(PUBLISHED))
     header = text.split("\n## hf 1.10.1\n", 1)[1].splitlines()[1].strip("|").split("|")[1:]
