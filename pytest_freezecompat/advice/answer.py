@@ -43,9 +43,8 @@ def lines(cell: Row) -> list[str]:
     known = cell.get("known_issue") or {}
     if known.get("expected"):
         pointer = (known.get("links") or [known.get("link") or known.get("reproducer")])[0]
-        kind = "; ".join(filter(None, ["" if known.get("kind", "upstream") != "upstream" else "upstream",
-                                       kind_words(known)]))
-        out.append(f"  known       {known['id']} ({kind})" + (f" {pointer}" if pointer else ""))
+        out.append(f"  known       {known['id']} ({kind_words(known, upstream='upstream')})"
+                   + (f" {pointer}" if pointer else ""))
         out.append(f"  fixed in    {fixed_in_words(known) or 'no release yet'}")
         if cpu_only(known):
             out += _wrapped("where", f"{cpu_only(known)}; the workarounds below are for CPU runs")

@@ -168,10 +168,10 @@ KIND_WORDS = {"finding": "a finding of this matrix", "by-design": "upstream beha
 NOT_ABOUT_FREEZING = "not about freezing: the nothing-frozen control fails alike"
 
 
-def kind_words(known: dict[str, Any]) -> str:
-    """`a finding of this matrix; not about freezing: ...`: what every format says beside an entry's id ("" for an
-    upstream report about freezing)."""
-    words = [KIND_WORDS.get(known.get("kind") or "upstream", "")]
+def kind_words(known: dict[str, Any], upstream: str = "") -> str:
+    """`a finding of this matrix; not about freezing: ...`: what every format says beside an entry's id (`upstream`
+    names an upstream report: the reports leave it unsaid, advise says it)."""
+    words = [KIND_WORDS.get(known.get("kind") or "upstream", upstream)]
     if known.get("about_freezing") is False:
         words.append(NOT_ABOUT_FREEZING)
     return "; ".join(filter(None, words))

@@ -457,7 +457,7 @@ def _known_issues(cells: list[Cell], workarounds: list[dict[str, Any]]) -> list[
         fixed = fixed_in_words(known)
         scope = cpu_only(known)
         narrow = sum(bool((c.get("known_issue") or {}).get("range_too_narrow")) for c in mine)
-        kind = f" *{_inline(kind_words(known))}*" if kind_words(known) else ""
+        kind = f" *{_inline(words)}*" if (words := kind_words(known)) else ""
         lines.append(f"- **{_inline(issue_id)}** ({_issue_tally(mine)}){kind} — {where} — "
                      f"{_inline(known.get('summary', ''))}"
                      + (f" — **fixed in {_inline(fixed)}**" if fixed else "")

@@ -102,7 +102,7 @@ class Entry:
     #: sees, and whether it ran"}. Every format says so beside the entry and its "instead".
     only_on: dict[str, str] = dataclasses.field(default_factory=dict)
     #: False where the failure does not need anything frozen (the nothing-frozen control fails alike): every format
-    #: says so, and `not_about_freezing_but_control_passes` lists its cells whose control disagrees.
+    #: says so, and `report.grid.framing_problem` flags the entry where its cells' controls disagree.
     about_freezing: bool = True
 
     def selects(self, cell: dict[str, Any], environment: dict[str, Any]) -> bool:
