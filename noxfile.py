@@ -17,15 +17,18 @@ CUDA torches on disk at most; all twelve environments together take ~45 GB). A b
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +37,10 @@ from typing import IO, Any
 import nox
 
 ROOT = Path(__file__).parent
+sys.path.insert(0, str(ROOT))  # the package's stdlib-only parts (locks) serve nox too, without installing it
+from pytest_freezecompat.spec import locks  # noqa: E402
+
+MATRIX = ROOT / "matrix" / "matrix.toml"
 SHARDS = ROOT / ".freeze-matrix" / "shards"
 PUBLISHED = ROOT / "reports"
 ENVIRONMENTS = ROOT / ".nox"
@@ -55,6 +62,82 @@ def environments() -> dict[str, dict[str, Any]]:
     if found.returncode != 0:
         raise SystemExit(found.stderr.strip())
     return json.loads(found.stdout)
+
+
+DEFAULT_PYTHON = locks.DEFAULT_PYTHON
+#: Where a pinned release's upload date is asked (the package index's JSON API), for its lock's cutoff.
+INDEX_JSON = os.environ.get("FREEZECOMPAT_INDEX_JSON", "https://pypi.org/pypi")
+
+
+def lock_inputs(name: str) -> list[str]:
+    """What environment `name`'s lock is compiled from: its install lines, the virtualenv's seed, and this package's
+    own dependencies (the checkout itself is installed editable, outside the lock)."""
+    env = environments()[name]
+    return [*(requirement for line in env["install"] for requirement in shlex.split(line)), *locks.SEED,
+            f"{locks.OURSELVES}[torch,test] @ {ROOT.as_uri()}"]
+
+
+def lock_header(name: str) -> str:
+    env = environments()[name]
+    return locks.header(name, env["python"] or DEFAULT_PYTHON, env["install"])
+
+
+def stale(name: str, lock: Path) -> bool:
+    return not lock.read_text().startswith(lock_header(name))
+
+
+def harness() -> list[str]:
+    """This package's own requirements (pytest, ruff, ...): the harness takes today's releases in every lock, not
+    those of an old framework's time (pytest 8 and ruff 0.6 postdate colossalai 0.3.4)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: nox brings tomli
+        import tomli as tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [*project["dependencies"], *project["optional-dependencies"]["test"]]
+    return sorted({locks.normalized(re.split(r"[<>=!~;\[ ]", name, maxsplit=1)[0]) for name in names})
+
+
+@functools.cache
+def uploaded(name: str, version: str) -> datetime.datetime | None:
+    """When `name==version`'s first file reached the package index (None: the index does not say)."""
+    try:
+        with urllib.request.urlopen(f"{INDEX_JSON}/{name}/json", timeout=60) as answer:
+            files = json.load(answer)["releases"].get(version) or []
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"the package index did not say when {name} {version} was released "
+                         f"({INDEX_JSON}/{name}/json: {exc})") from None
+    times = [datetime.datetime.fromisoformat(f["upload_time_iso_8601"].replace("Z", "+00:00")) for f in files]
+    return min(times, default=None)
+
+
+def compile_lock(name: str, now: datetime.datetime) -> Path:
+    """Environment `name`'s lock, compiled anew by uv: each distribution at the newest version that was out
+    `locks.SETTLING` after the environment's newest pinned release (the harness's at today's), for its Python."""
+    tool = uv()
+    if not tool:
+        raise SystemExit("locks are compiled by uv: `pip install uv` beside nox")
+    inputs = lock_inputs(name)
+    pinned = [requirement.split("==") for requirement in inputs if re.fullmatch(r"[\w.-]+==[\w.+]+", requirement)]
+    cut = locks.cutoff([when for pin, version in pinned if (when := uploaded(pin, version))], now)
+    lock = locks.path_of(MATRIX, name)
+    lock.parent.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        wanted, out = Path(work) / f"{name}.in", Path(work) / f"{name}.txt"
+        wanted.write_text("\n".join(inputs) + "\n")
+        stamp = now.replace(microsecond=0).isoformat()
+        command = [tool, "pip", "compile", str(wanted), "-o", str(out), "--quiet", "--no-annotate", "--no-header",
+                   "--python-version", environments()[name]["python"] or DEFAULT_PYTHON,
+                   "--python-platform", "x86_64-manylinux_2_28", "--exclude-newer", cut.isoformat(),
+                   *(arg for package in harness() for arg in ("--exclude-newer-package", f"{package}={stamp}")),
+                   "--no-emit-package", locks.OURSELVES, *pip_find_links()]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise SystemExit(f"environment {name}: uv could not lock it: {done.stderr.strip().splitlines()[-1:]}")
+        lock.write_text(f"{lock_header(name)}# dependencies as released by {cut.date()} (harness: by {now.date()}); "
+                        f"`nox -s locks -- {name}` compiles it again\n" + locks.render(locks.parse(out.read_text())))
+    return lock
 
 
 def interpreter(version: str) -> str:
@@ -105,6 +188,23 @@ def pip_find_links() -> tuple[str, ...]:
         if key.endswith(".find-links"):
             folders += value.strip("'\"").split()
     return tuple(arg for folder in dict.fromkeys(folders) if Path(folder).is_dir() for arg in ("--find-links", folder))
+
+
+#: Where PyTorch publishes its CPU builds (`torch==2.13.0+cpu`), which PyPI does not carry.
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def local_builds(lock: Path) -> tuple[str, ...]:
+    """uv's arguments for a lock that names a `+cpu` torch no local folder of wheels holds (a machine other than the
+    one that compiled it): PyTorch's CPU index beside PyPI. Not reachable from the machines the matrix is published
+    on, so untested there; where the folder holds the wheel, nothing."""
+    torch = locks.parse(lock.read_text()).get("torch", "")
+    if not torch.endswith("+cpu"):
+        return ()
+    folders = [Path(arg) for arg in pip_find_links() if arg != "--find-links"]
+    if any(folder.glob(f"torch-{torch}-*.whl") for folder in folders):
+        return ()
+    return ("--extra-index-url", PYTORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match")
 
 
 def dropping_environments() -> bool:
@@ -166,14 +266,13 @@ class Environment:
     Building touches no nox session (what it runs goes to `.nox/<name>.build.log`), so the `matrix` session builds
     the next environment on a thread while the cells of this one run."""
 
-    def __init__(self, name: str, pins: list[str], python: str = "", setup: list[str] | None = None) -> None:
+    def __init__(self, name: str, lock: Path, python: str, setup: list[str] | None = None) -> None:
         self.name = name
         self.location = ENVIRONMENTS / name
         self.log = ENVIRONMENTS / f"{name}.build.log"
-        self.pins, self.python, self.setup = pins, python, setup or []
+        self.lock, self.python, self.setup = lock, python, setup or []
         self.tool: str | None = None  # the installer of the attempt under way: uv's binary, or None for pip
-        # An environment without setup keeps the stamp it always had (no rebuild of the existing ones).
-        self.wanted = json.dumps({"python": python or sys.version, "pins": pins, **({"setup": setup} if setup else {})})
+        self.wanted = json.dumps({"python": python, "lock": locks.digest(lock.read_text()), "setup": self.setup})
 
     def build(self) -> Environment:
         """Build it unless it is built, then install this checkout into it. With uv first; should uv fail where pip
@@ -197,16 +296,21 @@ class Environment:
     def _build(self, log: IO[str], built: bool) -> None:
         if not built:
             shutil.rmtree(self.location, ignore_errors=True)
-            base = interpreter(self.python) if self.python else sys.executable  # a release needing another Python
-            self._call(log, [self.tool, "venv", "-q", "--seed", "--python", base, str(self.location)] if self.tool
-                       else [sys.executable, "-m", "virtualenv", "-q", "-p", base, str(self.location)])
-            for requirement in self.pins:  # one install per requirement string, in order: some need torch first
-                # uv writes no bytecode unless asked (pip does), and then only for what that install added: without
-                # it every rank template, and every process a framework spawns, compiles torch's sources again
-                # where PYTHONDONTWRITEBYTECODE is set (CI), and a slice runs ~25% slower.
-                self.install(log, *(["--compile-bytecode"] if self.tool else []), *requirement.split())
-        self.install(log, "-q", "-e", f"{ROOT}[torch,test]")
+            base = interpreter(self.python)
+            if self.tool:  # exactly the lock: sync removes what it does not name; the lock holds pip and setuptools
+                self._call(log, [self.tool, "venv", "-q", "--python", base, str(self.location)])
+                # uv writes no bytecode unless asked (pip does): without it every rank template, and every process a
+                # framework spawns, compiles torch's sources again where PYTHONDONTWRITEBYTECODE is set (CI), and a
+                # slice runs ~25% slower.
+                self._call(log, [self.tool, "pip", "sync", "--python", str(self.bin("python")), *pip_find_links(),
+                                 *local_builds(self.lock), "--compile-bytecode", str(self.lock)])
+            else:
+                self._call(log, [sys.executable, "-m", "virtualenv", "-q", "-p", base, str(self.location)])
+                self.install(log, "--no-deps", "-r", str(self.lock))
+        self.install(log, "-q", "--no-deps", "-e", str(ROOT))  # its dependencies are in the lock
         if not built:
+            self._call(log, [str(self.bin("python")), "-m", "pytest_freezecompat.spec.locks", "check", str(self.lock)],
+                       ok=(0, 1))  # a difference is logged here and recorded in the report, which says it
             compiles = compiler_cache(log) if self.setup else {}
             for module in self.setup:  # after the checkout is installed: setup modules live in it
                 self._call(log, [str(self.bin("python")), "-m", module], {**os.environ, **compiles})
@@ -216,10 +320,12 @@ class Environment:
         self._call(log, [self.tool, "pip", "install", "--python", str(self.bin("python")), *pip_find_links(), *args]
                    if self.tool else [str(self.bin("python")), "-m", "pip", "install", *args])
 
-    def _call(self, log: IO[str], command: list[str], env: dict[str, str] | None = None) -> None:
+    def _call(self, log: IO[str], command: list[str], env: dict[str, str] | None = None,
+              ok: tuple[int, ...] = (0,)) -> None:
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
-        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, check=False).returncode:
+        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                          check=False).returncode not in ok:
             raise BuildError(f"environment {self.name}: `{shlex.join(command[:6])} ...` failed; its output: {self.log}")
 
     def bin(self, program: str) -> Path:
@@ -236,9 +342,15 @@ class Environment:
 def built(session: nox.Session, name: str) -> Environment:
     """The environment `name`, built (a failed build stops the session in one line)."""
     env = environments()[name]
+    lock = locks.path_of(MATRIX, name)
+    if not lock.is_file():
+        session.error(f"environment {name} has no lock ({lock.relative_to(ROOT)}): `nox -s locks -- {name}` writes it")
+    if stale(name, lock):
+        session.error(f"environment {name}: its lock was compiled from other pins than matrix/frameworks/ gives now: "
+                      f"`nox -s locks -- {name}` compiles it again")
     started = time.perf_counter()
     try:
-        ready = Environment(name, env["install"], env["python"], env["setup"]).build()
+        ready = Environment(name, lock, env["python"] or DEFAULT_PYTHON, env["setup"]).build()
     except BuildError as exc:
         session.error(str(exc))
     session.log(f"environment {name} ready in {time.perf_counter() - started:.0f} s")
@@ -248,10 +360,10 @@ def built(session: nox.Session, name: str) -> Environment:
 def run_slice(session: nox.Session, env: Environment) -> None:
     """The environment's slice of the matrix into its shard, with its exact versions beside it."""
     name = env.name
-    frozen = env.run(session, "python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+    frozen = env.run(session, "python", "-m", "pytest_freezecompat.spec.locks", "freeze", silent=True)
     if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
         shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
-    if isinstance(frozen, str):  # None under --install-only; the editable line (this checkout) is left out
+    if isinstance(frozen, str):  # None under --install-only; this checkout (editable) is left out
         (SHARDS / name).mkdir(parents=True, exist_ok=True)
         (SHARDS / name / "pip-freeze.txt").write_text(frozen)
     # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
@@ -408,11 +520,71 @@ def report(session: nox.Session) -> None:
     session.install(".")  # no torch: the report tools need none
     if not shards:  # e.g. `nox -t matrix --install-only`; a failed matrix session has failed the run already
         session.skip("no shard to merge yet: run `nox -t matrix` (or a matrix-<env> session) first")
+    publish(session, shards, list(environments()))
+
+
+def publish(session: nox.Session, shards: list[str], names: list[str], *extra: str) -> None:
+    """Merge `shards` into reports/, each of environments `names`' exact versions beside it."""
     bisections = PUBLISHED / "bisections.json"  # written by `freezecompat bisect --record`
     session.run("freezecompat", "merge", *shards, "-o", str(PUBLISHED),
                 "--known-issues", str(ROOT / "matrix" / "known_issues.toml"),
-                *(["--bisections", str(bisections)] if bisections.exists() else []))
-    for env in environments():  # each environment's exact versions, beside the table they produced
+                *(["--bisections", str(bisections)] if bisections.exists() else []), *extra)
+    for env in names:  # each environment's exact versions, beside the table they produced
         frozen = SHARDS / env / "pip-freeze.txt"
         if frozen.exists():
             (PUBLISHED / f"pip-freeze-{env}.txt").write_text(frozen.read_text())
+
+
+@nox.session(name="locks", venv_backend="none")
+def compile_locks(session: nox.Session) -> None:
+    """Compile environments' locks (matrix/locks/<env>.txt): `nox -s locks -- torch hf` those anew; without names,
+    each environment whose lock is missing or was compiled from other pins (an old release's lock stays as it is)."""
+    names = session.posargs or [name for name in environments()
+                                if not (lock := locks.path_of(MATRIX, name)).is_file() or stale(name, lock)]
+    unknown = sorted(set(names) - set(environments()))
+    if unknown:
+        session.error(f"no environment named {', '.join(unknown)}: the environments are {', '.join(environments())}")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for name in names:
+        lock = compile_lock(name, now)
+        session.log(f"{lock.relative_to(ROOT)}: {len(locks.parse(lock.read_text()))} distributions")
+
+
+WATCH = PUBLISHED / "watch"
+
+
+@nox.session(name="release-watch", venv_backend="uv|virtualenv")
+def release_watch(session: nox.Session) -> None:
+    """Test the releases the package index has that the matrix does not run yet (`freezecompat watch`): each
+    candidate written into its framework file, locked, built and its slice run, then compared with the published
+    cells of the framework's newest environment in reports/watch/<framework>-<package>-<version>.md; a regression
+    fails the session, named. `nox -s release-watch -- --only torch transformers`, `-- --pre` (pre-releases too)."""
+    session.install(*pip_find_links(), ".")  # the report tools; the matrix runs in the candidates' environments
+    candidates = Path(session.create_tmp()) / "candidates.json"
+    session.run("freezecompat", "watch", "--spec", str(MATRIX), "--apply", "--json", str(candidates),
+                *session.posargs)
+    found = json.loads(candidates.read_text())
+    if not found:
+        session.skip("no release newer than the matrix holds")
+    environments.cache_clear()  # the framework files now name the candidates
+    now = datetime.datetime.now(datetime.timezone.utc)
+    published = PUBLISHED / "matrix.json"
+    failed, ran = [], []
+    for candidate in found:
+        name = candidate["environment"]
+        compile_lock(name, now)
+        env = built(session, name)
+        run_slice(session, env)
+        env.drop_if_asked()
+        ran.append(name)
+        try:
+            session.run("freezecompat", "watch-report", str(candidates), str(published),
+                        str(SHARDS / name / "matrix.json"), "-o", str(WATCH), "--environment", name)
+        except nox.command.CommandFailed:
+            failed.append(f"{candidate['package']} {candidate['version']}")
+    # The published report with each candidate's cells in (a new column, or a bumped environment's cells replaced).
+    snapshot = Path(session.create_tmp()) / "published.json"
+    shutil.copyfile(published, snapshot)
+    publish(session, [str(snapshot), *(str(SHARDS / name / "matrix.json") for name in ran)], ran, "--replace")
+    if failed:
+        session.error(f"regressions in {', '.join(failed)}: see {WATCH.relative_to(ROOT)}/")

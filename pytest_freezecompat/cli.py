@@ -8,6 +8,8 @@
                                                              is this setup safe, why not, and what to do instead
                                                              (leave out --plugin or --freeze: the values held)
   freezecompat finding [ID]                                  a finding's upstream-ready report (no ID: the list)
+  freezecompat watch [--pre] [--apply] [--json FILE]         releases on the package index the matrix does not run
+  freezecompat watch-report CANDIDATES PUBLISHED RAN -o DIR  what each new release changed; exit 1 on a regression
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _merge(args: argparse.Namespace) -> int:
     output = Path(args.output)
     _check_output(output)
     shards = [(path, schema.load(path)) for path in args.shards]
-    report = merge(shards)
+    report = merge(shards, replace=args.replace)
     if args.known_issues:
         known_issues.annotate(report, known_issues.load(args.known_issues))
     if args.bisections:
@@ -156,6 +158,63 @@ def _finding(args: argparse.Namespace) -> int:
     return 0
 
 
+def _watch(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .spec import watch
+    from .spec.matrix import SpecError, load
+
+    try:
+        spec = load(args.spec)
+        packages = [package for _, package, _ in watch.watched(spec)
+                    if not args.only or package in args.only]
+        found, made = watch.candidates(spec, watch.ask(args.index, packages), pre=args.pre)
+    except (SpecError, watch.IndexUnavailable) as exc:
+        raise schema.ReportError(str(exc)) from None
+    for release in found:
+        print(f"{release.framework}: {release.package} {release.held} (held); newer on the index: "
+              f"{', '.join(release.newer) or 'none'}")
+    for candidate in made:
+        how = (f"new environment {candidate.environment}" if candidate.column
+               else f"{candidate.package}=={candidate.held} bumped in {candidate.environment}")
+        print(f"candidate: {candidate.framework}: {candidate.title} ({how})")
+        if args.apply:
+            file = Path(spec.frameworks[candidate.framework].where.rsplit(":", 1)[0])
+            file.write_text(watch.apply(file.read_text(), candidate))
+            print(f"  written into {file}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(c) for c in made], indent=1) + "\n")
+    return 0
+
+
+def _watch_report(args: argparse.Namespace) -> int:
+    from .spec import watch
+
+    output = Path(args.output)
+    _check_output(output)
+    try:
+        listed = json.loads(Path(args.candidates).read_text())
+        candidates = [watch.Candidate(**{**c, "install": tuple(c["install"])}) for c in listed]
+    except (OSError, ValueError, TypeError) as exc:
+        raise schema.ReportError(f"{args.candidates}: not the candidates `freezecompat watch --json` wrote "
+                                 f"({exc})") from None
+    published, ran = schema.load(args.published), schema.load(args.ran)
+    output.mkdir(parents=True, exist_ok=True)
+    regressions = 0
+    for candidate in candidates:
+        if args.environment and candidate.environment not in args.environment:
+            continue
+        judgement = watch.judge(candidate, published, ran)
+        page = output / f"{candidate.framework}-{candidate.package}-{candidate.version}.md"
+        page.write_text(watch.render(judgement))
+        regressions += len(judgement.regressions)
+        print(f"{candidate.title}: {len(judgement.regressions)} regression(s), "
+              f"{len(judgement.changes) - len(judgement.regressions)} other change(s): {page}")
+        for change in judgement.regressions:
+            print(f"  {change.line()}")
+    return REGRESSION_EXIT if regressions else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freezecompat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     merge_cmd.add_argument("--bisections", metavar="FILE",
                            help="bisections recorded by `freezecompat bisect --record` (the reports place fixes "
                                 "by them)")
+    merge_cmd.add_argument("--replace", action="store_true",
+                           help="a later shard's environments replace an earlier one's, cells and all (a published "
+                                "report first, then new runs of some of its environments)")
     merge_cmd.set_defaults(func=_merge)
     diff_cmd = commands.add_parser("diff", help="list cells whose status changed; exit 1 on a regression")
     diff_cmd.add_argument("old", help="the last published matrix.json")
@@ -210,6 +272,30 @@ def main(argv: list[str] | None = None) -> int:
     finding_cmd.add_argument("id", nargs="?", help="the registry entry (leave out: list every entry with a reproducer)")
     finding_cmd.add_argument("--known-issues", metavar="FILE", help="the registry (default: the packaged one)")
     finding_cmd.set_defaults(func=_finding)
+    watch_cmd = commands.add_parser(
+        "watch", help="the releases on the package index that the matrix does not run yet",
+        description="Ask the package index for each framework's releases and for the packages its [releases] watch "
+                    "names; list what is newer than the matrix holds and the candidate environment of the newest "
+                    "(nox -s release-watch builds and runs them).")
+    watch_cmd.add_argument("--pre", action="store_true", help="pre-releases count as new releases too")
+    watch_cmd.add_argument("--index", default=None, metavar="URL",
+                           help="the index's JSON API (default: https://pypi.org/pypi; a file:// folder of recorded "
+                                "answers works)")
+    watch_cmd.add_argument("--only", nargs="+", metavar="PACKAGE", help="ask about these packages only")
+    watch_cmd.add_argument("--apply", action="store_true",
+                           help="write each candidate into its framework file (a new [[environment]], or the pin "
+                                "bumped)")
+    watch_cmd.add_argument("--json", metavar="FILE", help="write the candidates there (for watch-report)")
+    watch_cmd.add_argument("--spec", default=None, metavar="FILE", help="matrix file (default: the packaged one)")
+    watch_cmd.set_defaults(func=_watch)
+    watched_cmd = commands.add_parser("watch-report", help="what each watched release changed against the published "
+                                                           "cells; exit 1 on a regression")
+    watched_cmd.add_argument("candidates", help="the file `freezecompat watch --json` wrote")
+    watched_cmd.add_argument("published", help="the published matrix.json (the cells of each base environment)")
+    watched_cmd.add_argument("ran", help="the report holding the candidates' cells")
+    watched_cmd.add_argument("-o", "--output", required=True, help="directory for one page per release")
+    watched_cmd.add_argument("--environment", nargs="+", metavar="NAME", help="these candidates' environments only")
+    watched_cmd.set_defaults(func=_watch_report)
     args = parser.parse_args(argv)
     from .bisect import BisectError
 

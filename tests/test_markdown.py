@@ -4,7 +4,7 @@ import re
 
 from pytest_freezecompat.core.cell import CellKey
 from pytest_freezecompat.core.names import clip
-from pytest_freezecompat.report import markdown, write
+from pytest_freezecompat.report import html, markdown, write
 
 ENV = {"python": "3.11.7", "torch": "2.13.0", "frameworks": {"torch": "2.13.0"}, "device": "cpu", "backend": "gloo"}
 #: The shipped matrix's shape: its longest plugin names, 11 plugins in one framework, four checkpoint modes.
@@ -184,6 +184,18 @@ def test_run_metadata_is_shown_when_the_report_has_it():
             "`0a6052f1e2d3-dirty` · pytest-freezecompat 0.4.0 · `pytest --freeze-matrix`") in md
     older = markdown.render(write.build({"torch": ENV}, [cell()]))
     assert "Environment `torch`: torch 2.13.0 · python 3.11.7 · cpu (gloo)  \n" in older and "commit" not in older
+
+
+def test_the_environment_line_names_its_lock_and_what_the_run_had_otherwise():
+    lock = {"file": "locks/torch.txt", "sha256": "9123b724f8903a4cde67e811", "differs": []}
+    md = markdown.render(write.build({"torch": {**ENV, "lock": lock}}, [cell()]))
+    assert "cpu (gloo) · lock `matrix/locks/torch.txt` (sha256 9123b724f890)  \n" in md
+    drifted = {**lock, "differs": ["numpy 2.4.6 (lock 2.4.5)", "+ extra 1.0"]}
+    md = markdown.render(write.build({"torch": {**ENV, "lock": drifted}}, [cell()]))
+    assert ("lock `matrix/locks/torch.txt` (sha256 9123b724f890), **not as locked**: numpy 2.4.6 (lock 2.4.5), "
+            "+ extra 1.0") in md
+    html_page = html.render(write.build({"torch": {**ENV, "lock": drifted}}, [cell()]))
+    assert "matrix/locks/torch.txt (9123b724f890), not as locked: numpy 2.4.6 (lock 2.4.5), + extra 1.0" in html_page
 
 
 def test_order_follows_the_matrix_files_axes():

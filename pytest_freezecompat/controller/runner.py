@@ -23,7 +23,7 @@ from ..core.records import CellRecord, CellRun, Status
 from ..options import DEFAULT_WORLD_SIZE, Options
 from ..report import schema
 from ..report.directory import Folded, ReportDirectory
-from ..spec import known_issues
+from ..spec import known_issues, locks
 from ..spec.matrix import Spec, default_spec_path
 from ..spec.plan import Selection, UserCase, plan, user_cells, why_not_importable
 from ..verdict import checks, classify, severity
@@ -222,7 +222,7 @@ class MatrixRun:
             axes = {axis: self.spec.values(axis) for axis in KEY_AXES}
             self._environment_info[name] = schema.environment_info(
                 frameworks, self.device, self.backend, axes=axes, words=self.spec.words(list(frameworks)),
-                run=schema.run_info(self.options.command, self.options.rootdir))
+                run=schema.run_info(self.options.command, self.options.rootdir), lock=locks.state(self.spec.path, name))
         return self._environment_info[name]
 
     def write_report(self, *, final: bool = False) -> Folded | None:

@@ -294,8 +294,18 @@ def _environments(environments: dict[str, Any]) -> list[dict[str, Any]]:
             "versions": " · ".join([*versions, *([] if "torch" in frameworks else [f"torch {torch}"]),
                                     f"python {info.get('python', '?')}"]),
             "device": f"{info.get('device', '?')} ({info.get('backend', '?')})",
+            "lock": _lock(info.get("lock")),
             **{k: (info.get("run") or {}).get(k) or "-" for k in ("plugin", "commit", "date", "command")}})
     return views
+
+
+def _lock(lock: dict[str, Any] | None) -> str:
+    """The environment's lock file and hash prefix, or where the run differed from it; `-` without a lock."""
+    if not lock:
+        return "-"
+    differs = lock.get("differs") or []
+    return f"matrix/{lock['file']} ({lock['sha256'][:12]})" + (f", not as locked: {', '.join(differs)}" if differs
+                                                                 else "")
 
 
 def render(report: dict[str, Any]) -> str:

@@ -182,7 +182,17 @@ def _environment(name: str, info: dict[str, Any]) -> str:
     facts = [f"run {run['date']}" if run.get("date") else "", f"commit `{run['commit']}`" if run.get("commit") else "",
              f"pytest-freezecompat {run['plugin']}" if run.get("plugin") else "",
              f"`{_inline(run['command'])}`" if run.get("command") else ""]
-    return f"Environment `{_inline(name)}`: " + " · ".join([*map(_inline, versions), *filter(None, facts)])
+    return f"Environment `{_inline(name)}`: " + " · ".join([*map(_inline, versions), *filter(None, facts),
+                                                            *_lock(info.get("lock"))])
+
+
+def _lock(lock: dict[str, Any] | None) -> list[str]:
+    """The environment's lock, by file and hash prefix; each difference from it said (the run did not have it)."""
+    if not lock:
+        return []
+    said = f"lock `matrix/{_inline(lock['file'])}` (sha256 {lock['sha256'][:12]})"
+    differs = lock.get("differs") or []
+    return [said + (f", **not as locked**: {_inline(', '.join(differs))}" if differs else "")]
 
 
 def _emulated(section: grid.Section) -> tuple[set[str], bool]:

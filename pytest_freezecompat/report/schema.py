@@ -92,9 +92,12 @@ WORKAROUND_ROW = Table(required={"entry": "string", "workaround": "string", "rel
                                  "proof": STRINGS},
                        optional={"says": "string",
                                  **dict.fromkeys(("held", "not_held", "blocked", "unjudged", "cells"), "integer")})
+#: `lock`: the environment's lock (`spec.locks.state`): its file under matrix/, its sha256, and each way what the run
+#: had installed differs from it (empty: built from it).
+LOCK = Table(required={"file": "string", "sha256": "string", "differs": STRINGS})
 ENVIRONMENT = Table(optional={"python": "string", "torch": STRING_OR_NULL, "frameworks": Table(), "device": "string",
                               "backend": "string", "platform": "string", "run": RUN, "axes": Table(),
-                              "words": Table()})
+                              "words": Table(), "lock": LOCK})
 
 
 class ReportError(ValueError):
@@ -114,9 +117,10 @@ def distribution_version(module: str) -> str | None:
 
 def environment_info(frameworks: dict[str, str], device: str, backend: str, *,
                      run: dict[str, Any] | None = None, axes: dict[str, list[str]] | None = None,
-                     words: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+                     words: dict[str, dict[str, str]] | None = None,
+                     lock: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions that decide the results (python, torch, each framework this environment runs), and optionally
-    the run's metadata and the matrix file's axis order."""
+    the run's metadata, the matrix file's axis order and the environment's lock."""
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": distribution_version("torch"),
@@ -131,6 +135,8 @@ def environment_info(frameworks: dict[str, str], device: str, backend: str, *,
         info["axes"] = axes
     if words is not None:
         info["words"] = words
+    if lock is not None:
+        info["lock"] = lock
     return info
 
 

@@ -102,6 +102,9 @@ class Framework:
     #: Pip requirements (one string a pip call) that build an environment for any release, `{release}` in them
     #: replaced: how `freezecompat bisect` builds the releases between two the matrix runs.
     any_release: tuple[str, ...] = ()
+    #: Packages the newest environment pins beside the framework whose new releases the release watch tests there
+    #: (`[releases] watch`: transformers for the Hugging Face row, whose Trainer is transformers'), pin bumped in place.
+    watched: tuple[str, ...] = ()
     #: Axis -> classes of its values whose cells take one save -> load path (`[round_trip]`): cells that differ only
     #: within a class share one round trip. Measured, not assumed: `benchmarks/round_trip_axes.py` shows the
     #: `resume` result of every group the same across each class in a report.
@@ -349,8 +352,9 @@ FRAMEWORK_KEYS = {"framework", "adapter", "import", "package", "models", "plugin
 #: The axes whose values may share a round trip: they change how a cell trains, not which stack saves and loads.
 ROUND_TRIP_AXES = ("init", "checkpoint", "clip")
 ENVIRONMENT_KEYS = {"name", "release", "install", "python", "first_run"}
-#: `[releases]`: how `freezecompat bisect` installs a release the matrix does not run.
-RELEASES_KEYS = {"install"}
+#: `[releases]`: how `freezecompat bisect` and the release watch install a release the matrix does not run, and the
+#: packages beside the framework whose releases the watch tests.
+RELEASES_KEYS = {"install", "watch"}
 RULE_KEYS = {*RULE_EFFECTS, "when", "device"}
 #: The `options` a rule may set, per adapter (as a framework file names it), and the kind of value each takes: the
 #: adapter reads them from `cell.options` (ColossalAI's go to its plugin's constructor as keywords). An adapter not
@@ -514,6 +518,12 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None
     any_install = _str_list(src, any_release.get("install", []), "releases.install", "install")
     if any_install and not any("{release}" in line for line in any_install):
         raise src.error(f"framework {name}: [releases] install names no {{release}}", "install")
+    watched = _str_list(src, any_release.get("watch", []), "releases.watch", "watch")
+    newest_pins = " ".join(environments[0].install) if environments else ""
+    for package in watched:
+        if not re.search(rf"(?<![\w.-]){re.escape(package)}==", newest_pins):
+            raise src.error(f"framework {name}: [releases] watch names {package!r}, which its newest environment does "
+                            f"not pin as {package}==<version>", "watch")
     round_trip = _load_round_trip(src, name, body.get("round_trip", {}), axes)
     rules = body.get("rule", [])
     if not isinstance(rules, list):
@@ -527,7 +537,7 @@ def _load_framework(src: _Source, body: dict[str, Any], name_hint: str | None
         rules=tuple(_load_rule(src, name, i, r, axes, declaration, user_models, adapter)
                     for i, r in enumerate(rules)),
         where=src.where("framework"), user_models=user_models, package=str(body.get("package", name)),
-        any_release=any_install, round_trip=round_trip,
+        any_release=any_install, watched=tuple(watched), round_trip=round_trip,
     )
     return framework, environments
 
