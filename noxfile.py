@@ -332,7 +332,7 @@ class Environment:
         return self.location / "bin" / program
 
     def run(self, session: nox.Session, program: str, *args: str, **kwargs: Any) -> str | bool | None:
-        return session.run(str(self.bin(program)), *args, **kwargs)
+        return session.run(str(self.bin(program)), *args, external=True, **kwargs)  # a session may have its own venv
 
     def drop_if_asked(self) -> None:
         if dropping_environments():
@@ -357,11 +357,13 @@ def built(session: nox.Session, name: str) -> Environment:
     return ready
 
 
-def run_slice(session: nox.Session, env: Environment) -> None:
-    """The environment's slice of the matrix into its shard, with its exact versions beside it."""
+def run_slice(session: nox.Session, env: Environment, narrowed: tuple[str, ...] | None = None) -> None:
+    """The environment's slice of the matrix into its shard, with its exact versions beside it. `narrowed`: extra
+    pytest arguments (default: the session's posargs, `nox -s matrix-torch -- --freeze-matrix-select=...`)."""
     name = env.name
+    narrowed = tuple(session.posargs) if narrowed is None else narrowed
     frozen = env.run(session, "python", "-m", "pytest_freezecompat.spec.locks", "freeze", silent=True)
-    if frozen and not session.posargs:  # a whole slice starts a fresh shard: no cell of an older plan stays
+    if frozen and not narrowed:  # a whole slice starts a fresh shard: no cell of an older plan stays
         shutil.rmtree(SHARDS / name, ignore_errors=True)  # (a narrowed rerun updates its cells in place)
     if isinstance(frozen, str):  # None under --install-only; this checkout (editable) is left out
         (SHARDS / name).mkdir(parents=True, exist_ok=True)
@@ -369,7 +371,7 @@ def run_slice(session: nox.Session, env: Environment) -> None:
     # The built-in matrix plus the user-model examples (cells of frameworks this environment owns).
     env.run(session, "pytest", "--freeze-matrix", "--freeze-matrix-builtin", f"--freeze-matrix-environment={name}",
             f"--freeze-matrix-report={SHARDS.relative_to(ROOT) / name}", "-p", "no:cacheprovider", "-q", "examples",
-            *session.posargs, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
+            *narrowed, success_codes=MATRIX_EXIT_CODES, env={"OMP_NUM_THREADS": "1"})
 
 
 def _matrix_session(name: str) -> None:
@@ -574,7 +576,7 @@ def release_watch(session: nox.Session) -> None:
         name = candidate["environment"]
         compile_lock(name, now)
         env = built(session, name)
-        run_slice(session, env)
+        run_slice(session, env, narrowed=())  # the posargs are the watch's
         env.drop_if_asked()
         ran.append(name)
         try:

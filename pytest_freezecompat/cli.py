@@ -188,6 +188,7 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _watch_report(args: argparse.Namespace) -> int:
+    from .report import watched
     from .spec import watch
 
     output = Path(args.output)
@@ -204,9 +205,9 @@ def _watch_report(args: argparse.Namespace) -> int:
     for candidate in candidates:
         if args.environment and candidate.environment not in args.environment:
             continue
-        judgement = watch.judge(candidate, published, ran)
+        judgement = watched.judge(candidate, published, ran)
         page = output / f"{candidate.framework}-{candidate.package}-{candidate.version}.md"
-        page.write_text(watch.render(judgement))
+        page.write_text(watched.render(judgement))
         regressions += len(judgement.regressions)
         print(f"{candidate.title}: {len(judgement.regressions)} regression(s), "
               f"{len(judgement.changes) - len(judgement.regressions)} other change(s): {page}")

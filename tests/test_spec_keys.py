@@ -61,7 +61,8 @@ TABLES = {
                          r"framework torch environment #1: unknown key 'nmae'; valid: first_run, install, name, "
                          r"python, release; did you mean 'name'\?"),
     "releases": (GOOD + '[frameworks.torch.releases]\ninstal = ["torch=={release}"]\n', "instal",
-                 r"framework torch: \[releases\]: unknown key 'instal'; valid: install; did you mean 'install'\?"),
+                 r"framework torch: \[releases\]: unknown key 'instal'; valid: install, watch; "
+                 r"did you mean 'install'\?"),
     "round_trip": (GOOD + '[frameworks.torch.round_trip]\nchekpoint = [["none", "reentrant"]]\n', "chekpoint",
                    r"framework torch: \[round_trip\]: unknown axis 'chekpoint'; valid: checkpoint, clip, init; "
                    r"did you mean 'checkpoint'\?"),

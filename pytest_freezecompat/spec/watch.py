@@ -8,8 +8,8 @@ of candidate come out of the index's answer (`candidates`):
 - **a new release of a package the framework's newest environment pins and `[releases] watch` names** (transformers
   5.24.0 for the Hugging Face row): that pin bumped in place, as a dependency bot would; the cells keep their ids.
 
-Either is compared with the cells the published report holds for the framework's newest environment (`judge`):
-`report.diff` says what got worse, and a regression fails the watch, named.
+Either is compared with the cells the published report holds for the framework's newest environment
+(`report.watched`): `report.diff` says what got worse, and a regression fails the watch, named.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..core.names import SEVERITIES
-from ..report import diff
-from ..verdict.severity import recorded
 from .matrix import Framework, Spec
 
 
@@ -167,8 +164,8 @@ def apply(text: str, candidate: Candidate) -> str:
                                candidate.version))
     if re.search(rf'^name = "{re.escape(candidate.environment)}"$', text, re.M):
         return text  # applied already
-    block = (f"# Added by the release watch ({candidate.title}); `nox -t matrix-all` runs it, a newcomer's "
-             f"`nox -t matrix` once a person moves first_run here.\n"
+    block = (f"# Added by the release watch ({candidate.title}): `nox -t matrix-all` runs it; a newcomer's\n"
+             f"# `nox -t matrix` too once a person moves first_run here.\n"
              f"[[environment]]\nname = \"{candidate.environment}\"\nfirst_run = false\n"
              f"release = \"{candidate.version}\"\n"
              f"install = [{', '.join(_quoted(line) for line in candidate.install)}]\n\n")
@@ -180,50 +177,3 @@ def apply(text: str, candidate: Candidate) -> str:
 
 def _quoted(line: str) -> str:
     return '"' + line.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-@dataclass(frozen=True)
-class Judgement:
-    candidate: Candidate
-    changes: list[diff.Change]
-    before: dict[str, int]  # severity -> cells, the base environment's published cells
-    after: dict[str, int]   # the same for the candidate's
-
-    @property
-    def regressions(self) -> list[diff.Change]:
-        return [c for c in self.changes if c.regression]
-
-
-def _severities(cells: list[dict[str, Any]]) -> dict[str, int]:
-    counts = dict.fromkeys(SEVERITIES, 0)
-    for cell in cells:
-        counts[recorded(cell)] = counts.get(recorded(cell), 0) + 1
-    return {k: v for k, v in counts.items() if v}
-
-
-def judge(candidate: Candidate, published: Mapping[str, Any], ran: Mapping[str, Any]) -> Judgement:
-    """The candidate's cells against the published cells of its base environment: `report.diff`'s changes, each
-    cell matched across releases for a new column."""
-    base_cells = [c for c in published["cells"] if c.get("environment") == candidate.base
-                  and c.get("framework") == candidate.framework]
-    new_cells = [c for c in ran["cells"] if c.get("environment") == candidate.environment
-                 and c.get("framework") == candidate.framework]
-    changes = diff.diff({"cells": base_cells}, {"cells": new_cells})
-    return Judgement(candidate, changes, _severities(base_cells), _severities(new_cells))
-
-
-def render(judgement: Judgement) -> str:
-    """The watch's report of one release: what it is, what ran, what changed, regressions first."""
-    c = judgement.candidate
-    how = (f"a new release column, environment `{c.environment}` (`{' | '.join(c.install)}`)" if c.column else
-           f"`{c.package}=={c.held}` bumped to `{c.version}` in environment `{c.environment}`")
-    counts = " · ".join(f"{k} {judgement.before.get(k, 0)} → {judgement.after.get(k, 0)}"
-                        for k in dict.fromkeys([*judgement.before, *judgement.after]))
-    regressions = judgement.regressions
-    lines = [f"# {c.framework}: {c.title} (the matrix held {c.held})", "",
-             f"Tested as {how}; compared with the published cells of `{c.base}`.", "",
-             f"Cells by severity, {c.held} → {c.version}: {counts}.", "",
-             f"**{len(regressions)} regression(s)**, {len(judgement.changes) - len(regressions)} other change(s)."]
-    if judgement.changes:
-        lines += ["", "```", *(change.line() for change in judgement.changes), "```"]
-    return "\n".join(lines) + "\n"
