@@ -188,14 +188,14 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _watch_report(args: argparse.Namespace) -> int:
+    from .core.candidate import Candidate
     from .report import watched
-    from .spec import watch
 
     output = Path(args.output)
     _check_output(output)
     try:
         listed = json.loads(Path(args.candidates).read_text())
-        candidates = [watch.Candidate(**{**c, "install": tuple(c["install"])}) for c in listed]
+        candidates = [Candidate(**{**c, "install": tuple(c["install"])}) for c in listed]
     except (OSError, ValueError, TypeError) as exc:
         raise schema.ReportError(f"{args.candidates}: not the candidates `freezecompat watch --json` wrote "
                                  f"({exc})") from None

@@ -9,32 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from ..core.candidate import Candidate
 from ..core.names import SEVERITIES
 from ..verdict.severity import recorded
 from . import diff
 
 
-class Release(Protocol):
-    """A candidate of the release watch (`spec.watch.Candidate`), as judged here."""
-
-    framework: str
-    package: str
-    version: str
-    held: str
-    base: str
-    environment: str
-    install: tuple[str, ...]
-    column: bool
-
-    @property
-    def title(self) -> str: ...
-
-
 @dataclass(frozen=True)
 class Judgement:
-    candidate: Release
+    candidate: Candidate
     changes: list[diff.Change]
     before: dict[str, int]  # severity -> cells, the base environment's published cells
     after: dict[str, int]   # the same for the candidate's
@@ -51,7 +36,7 @@ def _severities(cells: list[dict[str, Any]]) -> dict[str, int]:
     return {k: v for k, v in counts.items() if v}
 
 
-def judge(candidate: Release, published: Mapping[str, Any], ran: Mapping[str, Any]) -> Judgement:
+def judge(candidate: Candidate, published: Mapping[str, Any], ran: Mapping[str, Any]) -> Judgement:
     """The candidate's cells against the published cells of its base environment: `report.diff`'s changes, each
     cell matched across releases for a new column."""
     base_cells = [c for c in published["cells"] if c.get("environment") == candidate.base

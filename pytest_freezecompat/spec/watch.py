@@ -23,6 +23,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from ..core.candidate import Candidate
 from .matrix import Framework, Spec
 
 
@@ -34,26 +35,6 @@ class Found:
     package: str
     held: str
     newer: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """The environment one new release is tested in, and the published one it is compared with."""
-
-    framework: str
-    package: str
-    version: str
-    held: str
-    #: The framework's newest environment: the published cells the candidate's are compared with.
-    base: str
-    environment: str
-    install: tuple[str, ...]
-    #: True: a new release column (a new environment); False: a pin of the base environment bumped in place.
-    column: bool
-
-    @property
-    def title(self) -> str:
-        return f"{self.package} {self.version}"
 
 
 def _version(text: str) -> Version | None:
