@@ -175,7 +175,8 @@ def _watch(args: argparse.Namespace) -> int:
         print(f"{release.framework}: {release.package} {release.held} (held); newer on the index: "
               f"{', '.join(release.newer) or 'none'}")
     for candidate in made:
-        how = (f"new environment {candidate.environment}" if candidate.column
+        how = (f"new environment {candidate.environment}"
+               + (f" on Python {candidate.python}" if candidate.python else "") if candidate.column
                else f"{candidate.package}=={candidate.held} bumped in {candidate.environment}")
         print(f"candidate: {candidate.framework}: {candidate.title} ({how})")
         if args.apply:

@@ -186,3 +186,23 @@ def test_a_watched_package_the_newest_environment_does_not_pin_is_a_one_line_err
         load(matrix / "matrix.toml")
     said = str(caught.value)
     assert "\n" not in said and "[releases] watch names 'trl', which its newest environment does not pin" in said
+
+
+def test_a_release_that_needs_another_python_gets_an_environment_on_the_oldest_that_it_takes(tmp_path: Path,
+                                                                                            index: Path) -> None:
+    """megatron-core 0.19 requires Python 3.12: its column is built on 3.12, written into its block."""
+    needs = {"releases": {"0.19.2": [{"requires_python": ">=3.12", "yanked": False}]}}
+    assert watch.python_for(needs, "0.19.2", "3.11") == "3.12"
+    assert watch.python_for(needs, "0.19.2", "3.12") == ""
+    assert watch.python_for({"releases": {"1.0": [{"requires_python": None}]}}, "1.0", "3.11") == ""
+    megatron = json.loads((index / "megatron-core" / "json").read_text())
+    megatron["releases"][PLANTED] = [{"requires_python": ">=3.12", "yanked": False}]
+    (index / "megatron-core" / "json").write_text(json.dumps(megatron))
+    matrix = tmp_path / "matrix"
+    shutil.copytree(ROOT / "matrix", matrix)
+    _, made = watch.candidates(load(matrix / "matrix.toml"), answers(index))
+    column = next(c for c in made if c.package == "megatron-core")
+    assert (column.environment, column.python) == ("megatron-99.0", "3.12")
+    file = matrix / "frameworks" / "megatron.toml"
+    file.write_text(watch.apply(file.read_text(), column))
+    assert load(matrix / "matrix.toml").environments["megatron-99.0"].python == "3.12"

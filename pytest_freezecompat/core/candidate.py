@@ -19,6 +19,8 @@ class Candidate:
     install: tuple[str, ...]
     #: True: a new release column (a new environment); False: a pin of the base environment bumped in place.
     column: bool
+    #: The Python a new column needs where its release does not take the base environment's (`3.12`); "": the same.
+    python: str = ""
 
     @property
     def title(self) -> str:

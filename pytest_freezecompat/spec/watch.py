@@ -21,9 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..core.candidate import Candidate
+from .locks import DEFAULT_PYTHON
 from .matrix import Framework, Spec
 
 
@@ -129,11 +131,33 @@ def candidates(spec: Spec, answers: Mapping[str, Mapping[str, Any]], *,
             environment = column_environment(fw, version, taken)
             taken.add(environment)
             install = tuple(line.replace("{release}", version) for line in fw.any_release)
-            made.append(Candidate(fw.name, package, version, held, base, environment, install, column=True))
+            python = python_for(answers[package], version, spec.environments[base].python or DEFAULT_PYTHON)
+            made.append(Candidate(fw.name, package, version, held, base, environment, install, column=True,
+                                  python=python))
         else:
             install = _bumped(spec.environments[base].install, package, held, version)
             made.append(Candidate(fw.name, package, version, held, base, base, install, column=False))
     return found, made
+
+
+#: The Pythons a new column may be given, oldest first (the matrix's environments are 3.10 to 3.12).
+PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+
+
+def python_for(answer: Mapping[str, Any], version: str, current: str) -> str:
+    """The Python a release needs where `current` is not one its files' `requires_python` admits (megatron-core
+    0.19 requires 3.12): the oldest that is; "" where `current` is fine or the index says nothing."""
+    needs = next((f.get("requires_python") for f in (answer.get("releases") or {}).get(version) or []
+                  if f.get("requires_python")), None)
+    if not needs:
+        return ""
+    try:
+        admitted = SpecifierSet(needs)
+    except InvalidSpecifier:
+        return ""
+    if admitted.contains(current):
+        return ""
+    return next((python for python in PYTHONS if admitted.contains(python)), "")
 
 
 def apply(text: str, candidate: Candidate) -> str:
@@ -149,6 +173,7 @@ def apply(text: str, candidate: Candidate) -> str:
              f"# `nox -t matrix` too once a person moves first_run here.\n"
              f"[[environment]]\nname = \"{candidate.environment}\"\nfirst_run = false\n"
              f"release = \"{candidate.version}\"\n"
+             + (f"python = \"{candidate.python}\"\n" if candidate.python else "") +
              f"install = [{', '.join(_quoted(line) for line in candidate.install)}]\n\n")
     at = text.find("[[environment]]")
     if at < 0:
