@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +37,7 @@ import nox
 
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT))  # the package's stdlib-only parts (locks) serve nox too, without installing it
-from pytest_freezecompat.spec import locks  # noqa: E402
+from pytest_freezecompat.spec import index, locks  # noqa: E402
 
 MATRIX = ROOT / "matrix" / "matrix.toml"
 SHARDS = ROOT / ".freeze-matrix" / "shards"
@@ -66,7 +65,7 @@ def environments() -> dict[str, dict[str, Any]]:
 
 DEFAULT_PYTHON = locks.DEFAULT_PYTHON
 #: Where a pinned release's upload date is asked (the package index's JSON API), for its lock's cutoff.
-INDEX_JSON = os.environ.get("FREEZECOMPAT_INDEX_JSON", "https://pypi.org/pypi")
+INDEX_JSON = os.environ.get("FREEZECOMPAT_INDEX_JSON", index.INDEX)
 
 
 def lock_inputs(name: str) -> list[str]:
@@ -100,14 +99,17 @@ def harness() -> list[str]:
 
 
 @functools.cache
+def index_answer(name: str) -> dict[str, Any]:
+    """The package index's answer for `name`, asked once however many environments pin it."""
+    return index.answer(name, INDEX_JSON)
+
+
 def uploaded(name: str, version: str) -> datetime.datetime | None:
     """When `name==version`'s first file reached the package index (None: the index does not say)."""
     try:
-        with urllib.request.urlopen(f"{INDEX_JSON}/{name}/json", timeout=60) as answer:
-            files = json.load(answer)["releases"].get(version) or []
-    except (OSError, ValueError, KeyError) as exc:
-        raise SystemExit(f"the package index did not say when {name} {version} was released "
-                         f"({INDEX_JSON}/{name}/json: {exc})") from None
+        files = index_answer(name)["releases"].get(version) or []
+    except (index.IndexUnavailable, KeyError) as exc:
+        raise SystemExit(f"the package index did not say when {name} {version} was released ({exc})") from None
     times = [datetime.datetime.fromisoformat(f["upload_time_iso_8601"].replace("Z", "+00:00")) for f in files]
     return min(times, default=None)
 

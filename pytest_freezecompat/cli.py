@@ -162,6 +162,7 @@ def _watch(args: argparse.Namespace) -> int:
     import dataclasses
 
     from .spec import watch
+    from .spec.index import IndexUnavailable
     from .spec.matrix import SpecError, load
 
     try:
@@ -169,7 +170,7 @@ def _watch(args: argparse.Namespace) -> int:
         packages = [package for _, package, _ in watch.watched(spec)
                     if not args.only or package in args.only]
         found, made = watch.candidates(spec, watch.ask(args.index, packages), pre=args.pre)
-    except (SpecError, watch.IndexUnavailable) as exc:
+    except (SpecError, IndexUnavailable) as exc:
         raise schema.ReportError(str(exc)) from None
     for release in found:
         print(f"{release.framework}: {release.package} {release.held} (held); newer on the index: "

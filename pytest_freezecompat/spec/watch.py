@@ -14,9 +14,7 @@ Either is compared with the cells the published report holds for the framework's
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..core.candidate import Candidate
+from .index import answer
 from .locks import DEFAULT_PYTHON
 from .matrix import Framework, Spec
 
@@ -46,25 +45,9 @@ def _version(text: str) -> Version | None:
         return None
 
 
-#: The package index's JSON API (`<index>/<name>/json`); a folder of recorded answers works as a `file://` index.
-INDEX = "https://pypi.org/pypi"
-
-
-class IndexUnavailable(RuntimeError):
-    """The index could not be asked: one line naming the package and the address."""
-
-
-def ask(index: str | None, packages: list[str], timeout_s: float = 60.0) -> dict[str, dict[str, Any]]:
-    """Each package's JSON answer from the index (its `releases`: version -> files with their upload times)."""
-    answers = {}
-    for package in dict.fromkeys(packages):
-        address = f"{(index or INDEX).rstrip('/')}/{package}/json"
-        try:
-            with urllib.request.urlopen(address, timeout=timeout_s) as answer:
-                answers[package] = json.load(answer)
-        except (OSError, ValueError) as exc:
-            raise IndexUnavailable(f"the package index did not answer for {package} ({address}: {exc})") from None
-    return answers
+def ask(index: str | None, packages: list[str]) -> dict[str, dict[str, Any]]:
+    """Each package's JSON answer from the index, once per package."""
+    return {package: answer(package, index) for package in dict.fromkeys(packages)}
 
 
 def newer(answer: Mapping[str, Any], held: str, *, pre: bool = False) -> list[str]:
