@@ -222,7 +222,9 @@ class MatrixRun:
             axes = {axis: self.spec.values(axis) for axis in KEY_AXES}
             self._environment_info[name] = schema.environment_info(
                 frameworks, self.device, self.backend, axes=axes, words=self.spec.words(list(frameworks)),
-                run=schema.run_info(self.options.command, self.options.rootdir), lock=locks.state(self.spec.path, name))
+                run=schema.run_info(self.options.command, self.options.rootdir),
+                # only a run in a named environment (nox's) was built from its lock; a user's own is not ours
+                lock=locks.state(self.spec.path, name) if self.options.environment else None)
         return self._environment_info[name]
 
     def write_report(self, *, final: bool = False) -> Folded | None:
