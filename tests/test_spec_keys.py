@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_freezecompat.core.declaration import load_declaration
 from pytest_freezecompat.spec import matrix as spec
 from pytest_freezecompat.spec.plan import Selection, plan
 
@@ -124,12 +125,13 @@ def test_every_option_a_rule_of_the_real_matrix_sets_is_one_its_adapter_declares
     loaded = spec.load()
     cells = plan(loaded, Selection({}), world_size=2, device="cpu", importable=lambda module: None)
     assert any(cell.options for cell in cells)
+    declarations = {fw.adapter: load_declaration(fw.adapter) for fw in loaded.frameworks.values()}
     for fw in loaded.frameworks.values():
         for rule in fw.rules:
-            assert set(rule.effects.get("options", {})) <= set(spec.RULE_OPTIONS.get(fw.adapter, {})), rule.where
+            assert set(rule.effects.get("options", {})) <= set(declarations[fw.adapter].options), rule.where
     adapters = Path(spec.__file__).resolve().parents[1] / "adapters"
-    for adapter, options in spec.RULE_OPTIONS.items():  # the declaration names what the adapter's code reads
+    for adapter, declaration in declarations.items():  # the declaration names what the adapter's code reads
         if adapter.endswith(".colossalai"):  # keywords of ColossalAI's plugins, passed through as they are
             continue
         source = "".join(f.read_text() for f in (adapters / adapter.rpartition(".")[2]).rglob("*.py"))
-        assert all(f'"{option}"' in source for option in options), adapter
+        assert all(f'"{option}"' in source for option in declaration.options), adapter

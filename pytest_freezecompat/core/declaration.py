@@ -34,6 +34,10 @@ class AdapterDeclaration:
     promises: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: The distributions (PyPI names) whose installed versions every row records: the framework and its companions.
     distributions: tuple[str, ...] = ()
+    #: The `options` a framework file's rule may set for this adapter, and the kind of value each takes (`bool`: true
+    #: or false; `globs`: a list of name globs): the adapter reads them from `cell.options`. A rule sets no other:
+    #: an option no adapter reads would plan its cells (and split their round trips) without a word.
+    options: Mapping[str, str] = field(default_factory=dict)
 
     def promised(self, values: tuple[str, ...], precision: str) -> dict[str, str]:
         """What a cell with these axis values promises of the observed stack."""

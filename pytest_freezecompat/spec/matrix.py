@@ -356,31 +356,17 @@ ENVIRONMENT_KEYS = {"name", "release", "install", "python", "first_run"}
 #: packages beside the framework whose releases the watch tests.
 RELEASES_KEYS = {"install", "watch"}
 RULE_KEYS = {*RULE_EFFECTS, "when", "device"}
-#: The `options` a rule may set, per adapter (as a framework file names it), and the kind of value each takes: the
-#: adapter reads them from `cell.options` (ColossalAI's go to its plugin's constructor as keywords). An adapter not
-#: named here reads none, so a rule of its framework sets none: an option no adapter reads would plan its cells
-#: (and split their round trips) without a word. `bool`: true or false; `globs`: a list of name globs.
-RULE_OPTIONS: dict[str, dict[str, str]] = {
-    # adapters/colossalai/adapter.py: keywords of the Booster plugin the cell builds.
-    "pytest_freezecompat.adapters.colossalai": {"overlap_communication": "bool", "pin_memory": "bool",
-                                                "enable_async_reduce": "bool"},
-    # adapters/deepspeed/adapter.py EXCLUDE_FROZEN: save_checkpoint(exclude_frozen_parameters=...).
-    "pytest_freezecompat.adapters.deepspeed": {"exclude_frozen_parameters": "bool"},
-    # adapters/hf/staged.py OPTION: params unfrozen once the optimizer is built.
-    "pytest_freezecompat.adapters.hf": {"unfreeze_after_optimizer": "globs"},
-    # adapters/megatron/adapter.py FREEZE_AFTER_WRAP: the pattern is applied after the model is wrapped.
-    "pytest_freezecompat.adapters.megatron": {"freeze_after_wrap": "bool"},
-}
 #: An environment's name is a folder's too (`.nox/<name>`, the report's shards): `composer-0.23`.
 ENVIRONMENT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
 
-def _rule_options(src: _Source, fw: str, index: int, adapter: str, raw: Any, start: int) -> None:
-    """A rule's `options`: only those its framework's adapter reads (`RULE_OPTIONS`), each of its kind."""
+def _rule_options(src: _Source, fw: str, index: int, adapter: str, declaration: AdapterDeclaration, raw: Any,
+                  start: int) -> None:
+    """A rule's `options`: only those its framework's adapter reads (`AdapterDeclaration.options`), each of its kind."""
     what = f"{fw} rule {index + 1}: options"
     if not isinstance(raw, dict):
         raise src.error(f"{what} must be a table of option = value", "options", start=start)
-    declared = RULE_OPTIONS.get(adapter, {})
+    declared = declaration.options
     _reject_unknown_keys(src, raw, declared, f"{what} (adapter {adapter})", start=start)
     for key, value in raw.items():
         kind = declared[key]
@@ -423,7 +409,7 @@ def _load_rule(src: _Source, fw: str, index: int, body: Any, axes: dict[str, tup
         raise src.error(f"{fw} rule {index + 1}: device must be one of {', '.join(DEVICES)}", "device", start=start)
     effects = {k: v for k, v in body.items() if k in RULE_EFFECTS}
     if "options" in effects:
-        _rule_options(src, fw, index, adapter, effects["options"], start)
+        _rule_options(src, fw, index, adapter, declaration, effects["options"], start)
     if not effects:
         raise src.error(f"{fw} rule {index + 1} has no effect ({', '.join(RULE_EFFECTS)})", "when", start=start)
     if effects.get("emulation") and declaration.emulation is None:

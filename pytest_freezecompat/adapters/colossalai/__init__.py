@@ -56,4 +56,6 @@ DECLARATION = AdapterDeclaration(
     },
     # The framework, and what the example models come from (transformers, peft): their versions are part of a row.
     distributions=("colossalai", "transformers", "peft"),
+    # Keywords of the Booster plugin the cell builds (adapter.py), passed through as they are.
+    options={"overlap_communication": "bool", "pin_memory": "bool", "enable_async_reduce": "bool"},
 )

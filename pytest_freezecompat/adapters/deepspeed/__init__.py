@@ -36,4 +36,6 @@ DECLARATION = AdapterDeclaration(
         "eager": {"zero_init": "False"}, "zero-init": {"zero_init": "True"}},
     # The example models come from transformers and peft (under DeepSpeed too): their versions are part of a row.
     distributions=("deepspeed", "transformers", "peft"),
+    # adapter.py EXCLUDE_FROZEN: save_checkpoint(exclude_frozen_parameters=...).
+    options={"exclude_frozen_parameters": "bool"},
 )

@@ -82,4 +82,6 @@ DECLARATION = AdapterDeclaration(
         **{plugin: {"wrapper": "DeepSpeedEngine", "distributed_type": "DEEPSPEED", "zero_stage": plugin[-1]}
            for plugin in ZERO_PLUGINS}}.items()},
     distributions=("accelerate", "transformers", "peft", "deepspeed"),
+    # staged.py OPTION: params unfrozen once the optimizer is built.
+    options={"unfreeze_after_optimizer": "globs"},
 )

@@ -51,4 +51,6 @@ DECLARATION = AdapterDeclaration(
     # megatron-core's torch_dist checkpoint writer needs psutil (not a declared dependency); Transformer Engine,
     # where installed, changes the distributed optimizer's Adam (Apex's or TE's fused kernel before 0.10).
     distributions=("megatron-core", "psutil", "transformer-engine"),
+    # adapter.py FREEZE_AFTER_WRAP: the pattern is applied after the model is wrapped.
+    options={"freeze_after_wrap": "bool"},
 )

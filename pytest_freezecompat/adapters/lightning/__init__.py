@@ -1,0 +1,31 @@
+"""PyTorch Lightning: its Trainer (the LightningModule's own loop, callbacks, checkpointing) and Fabric (the user's
+own loop), each with its DDP strategy; and Lightning's own way of freezing, the BaseFinetuning callback."""
+
+from ...core.declaration import AdapterDeclaration
+
+#: What each plugin's strategy builds, read back from the running strategy (`adapter._observe`).
+BUILDS = {f"{driver.lower()}-ddp{suffix}": {"driver": driver, "strategy": "DDPStrategy",
+                                             "wrapper": "DistributedDataParallel", "find_unused_parameters": unused}
+          for driver in ("Trainer", "Fabric") for suffix, unused in (("", "False"), ("-find-unused", "True"))}
+
+DECLARATION = AdapterDeclaration(
+    plugins=tuple(BUILDS),
+    init=("eager",),
+    checkpoint=("none", "reentrant", "non-reentrant"),
+    implementation="pytest_freezecompat.adapters.lightning.adapter:LightningAdapter",
+    words={"trainer-ddp": "Trainer(strategy='ddp'): training_step, configure_optimizers, gradient_clip_val, "
+                          "ModelCheckpoint, fit(ckpt_path=...)",
+           "trainer-ddp-find-unused": "Trainer(strategy='ddp_find_unused_parameters_true'), the rest as trainer-ddp",
+           "fabric-ddp": "Fabric(strategy='ddp'): fabric.setup, fabric.backward, fabric.clip_gradients, "
+                         "fabric.save / fabric.load",
+           "fabric-ddp-find-unused": "Fabric(strategy=DDPStrategy(find_unused_parameters=True)), the rest as "
+                                     "fabric-ddp",
+           "eager": "model built as usual", "none": "no activation checkpointing",
+           "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
+           "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
+    observes=("driver", "strategy", "wrapper", "find_unused_parameters", "precision"),
+    promises=BUILDS,
+    distributions=("lightning",),
+    # finetuning.py OPTION: the params a BaseFinetuning callback freezes before training and unfreezes at epoch 0.
+    options={"finetuning_unfreezes": "globs"},
+)

@@ -1,0 +1,340 @@
+"""PyTorch Lightning: the Trainer (it owns the loop) and Fabric (the user owns it), each with `strategy="ddp"`.
+
+What a Lightning user writes: freeze the bare model, hold it in a `LightningModule` whose `training_step` returns the
+loss and whose `configure_optimizers` builds AdamW over the params that require grad, clip with
+`gradient_clip_val`, checkpoint as `ModelCheckpoint` does (`trainer.save_checkpoint`) and resume with
+`fit(ckpt_path=...)`; or, with Fabric, `fabric.setup(model, optimizer)`, `fabric.backward`,
+`fabric.clip_gradients`, `fabric.save` / `fabric.load`. The ranks' process group exists already (the harness made
+it, as torchrun would): Lightning finds it and joins it, and the environment's RANK / LOCAL_RANK / WORLD_SIZE tell
+it that the processes were launched outside it. Each Trainer epoch is one step (`limit_train_batches=1`), so that a
+callback unfreezing at an epoch (`finetuning.py`) unfreezes at a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.fabric import Fabric
+from lightning.fabric.strategies import DDPStrategy as FabricDDP
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .. import loop
+from ..base import AdapterBase, Probe, RunContext, apply_freeze, class_among, precision_of
+from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
+from ..saved_files import full_contents, load_file
+from ..views import ParamView, optimizer_params
+from .finetuning import UnfreezeAtFirstEpoch, unfrozen_modules
+
+#: The cell's precision as Lightning names it.
+LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+#: The one file each round trip writes.
+CHECKPOINT_FILE = "checkpoint.ckpt"
+#: The LightningModule holds the bare model as its child `model`: every key of its state dict starts with it.
+MODULE_PREFIX = "model."
+TAP_NOTE = "(Lightning discards the value; a pass-through wrapper kept it)"
+
+
+def _accelerator(ctx: RunContext) -> str:
+    return "gpu" if ctx.device.type == "cuda" else "cpu"
+
+
+def _finds_unused(ctx: RunContext) -> bool:
+    return ctx.cell.key.plugin.endswith("-find-unused")
+
+
+def _names_by_index(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
+    """A plain optimizer's state dict keys params by their index over its groups: index -> bare name."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>") for i, p in enumerate(params)}
+
+
+def _without_omitted(ctx: RunContext, path: Path, key: str, omit: str | None) -> Path:
+    """The checkpoint at `path`, or (tests only: `omit`) a copy beside it without that param under `key`, as a load
+    that misses it would leave it (rank 0 writes it; a collective)."""
+    if omit is None:
+        return path
+    broken = path.with_name(f"omitted-{path.name}")
+    if ctx.rank == 0:
+        state = load_file(path)
+        state[key] = {k: v for k, v in state[key].items() if k.removeprefix(MODULE_PREFIX) != omit}
+        torch.save(state, broken)
+    dist.barrier()
+    return broken
+
+
+def _observe(probe: Probe, driver: str, strategy: object, wrapped: nn.Module) -> None:
+    """The stack as it runs, read back from the strategy and the module it wrapped (`promises`)."""
+    probe.observed("driver", driver)
+    probe.observed("strategy", type(strategy).__name__)
+    probe.observed("wrapper", class_among(wrapped, (DDP,)))
+    if isinstance(wrapped, DDP):
+        probe.observed("find_unused_parameters", wrapped.find_unused_parameters)
+    probe.observed("precision", precision_of(wrapped.parameters()))
+
+
+# Fabric: the user's own loop, `loop.train` drives it.
+
+class _FabricLoop:
+    clips_in_step = False
+    save_api = "fabric.save(path, {'model': model, 'optimizer': optimizer}); fabric.load(path, state)"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        ctx.probe.phase("build model")
+        self.bare = ctx.build_model(device=ctx.device)
+        plan = ctx.resolve_plan(self.bare)
+        apply_freeze(plan, self.bare)
+        self.fabric = Fabric(accelerator=_accelerator(ctx), devices=ctx.world_size, num_nodes=1,
+                             strategy=FabricDDP(process_group_backend=dist.get_backend(),
+                                                find_unused_parameters=_finds_unused(ctx)),
+                             precision=LIGHTNING_PRECISION[ctx.cell.precision])
+        ctx.probe.phase("wrap (fabric.setup, ddp)")
+        self.fabric.launch()  # launched outside it: joins the ranks' process group
+        optimizer = ctx.make_optimizer(optimizer_params(self.bare, plan.optimized))
+        self.model, self.optimizer = self.fabric.setup(self.bare, optimizer)
+        self.view = ParamView(self.bare, self.optimizer.optimizer)
+        # the _FabricModule holds what the strategy wrapped as its forward module
+        _observe(ctx.probe, "Fabric", self.fabric.strategy, self.model._forward_module)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def forward_backward(self, step: int) -> None:
+        self.fabric.backward(self.ctx.loss(self.model, self.ctx.local_batch(step)))
+
+    def clip(self, max_norm: float) -> tuple[float | None, str]:
+        norm = self.fabric.clip_gradients(self.model, self.optimizer, max_norm=max_norm)
+        return float(norm), "returned by fabric.clip_gradients"
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def norm_after_step(self) -> tuple[float | None, str]:
+        raise AssertionError("Fabric clips before step()")
+
+    # Resumable
+
+    def save(self, directory: Path) -> None:
+        self.fabric.save(directory / CHECKPOINT_FILE, {"model": self.model, "optimizer": self.optimizer})
+
+    def saved(self, directory: Path) -> Saved:
+        state = load_file(directory / CHECKPOINT_FILE)
+        return full_contents(state["model"], state["optimizer"]["state"],
+                             _names_by_index(self.bare, self.optimizer.optimizer))
+
+    def close(self) -> None:
+        self.fabric.barrier()
+
+    def load(self, directory: Path, omit: str | None = None) -> None:
+        self.fabric.load(_without_omitted(self.ctx, directory / CHECKPOINT_FILE, "model", omit),
+                         {"model": self.model, "optimizer": self.optimizer}, strict=omit is None)
+
+
+# Trainer: it owns the loop; a callback makes the probe calls `loop.train` makes.
+
+class _Module(LightningModule):
+    """The bare model as a LightningModule. Each epoch trains one batch, the cell's batch of that step
+    (`global_step`: the optimizer steps taken, a resumed run's included)."""
+
+    def __init__(self, model: nn.Module, ctx: RunContext, optimized: frozenset[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.cell_context = ctx
+        self.optimized = optimized
+
+    def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
+        ctx = self.cell_context
+        return ctx.loss(self.model, ctx.local_batch(self.trainer.global_step))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        # Over the params that require grad now (a finetuning callback has frozen its modules by this point).
+        return self.cell_context.make_optimizer(optimizer_params(self.model, self.optimized))
+
+
+class _NormTap:
+    """Keeps the total norm `torch.nn.utils.clip_grad_norm_` returns inside Lightning's `gradient_clip_val`
+    clipping, which drops it; every call passes through unchanged."""
+
+    def __init__(self) -> None:
+        self.norm: float | None = None
+
+    def take(self) -> tuple[float | None, str]:
+        norm, self.norm = self.norm, None
+        if norm is None:
+            return None, "Lightning's gradient_clip_val made no clipping call this step"
+        return norm, f"returned by torch.nn.utils.clip_grad_norm_ inside Lightning's gradient clipping {TAP_NOTE}"
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        original = torch.nn.utils.clip_grad_norm_
+
+        def tapped(*args: Any, **kwargs: Any) -> torch.Tensor:
+            norm = original(*args, **kwargs)
+            self.norm = float(norm)
+            return norm
+
+        torch.nn.utils.clip_grad_norm_ = tapped
+        try:
+            yield
+        finally:
+            torch.nn.utils.clip_grad_norm_ = original
+
+
+class _Probes(Callback):
+    """The probe's fixed points at the Trainer's hooks (one batch per epoch), from step `first_step`.
+
+    `first_batch`: called at the first batch's start, once a finetuning callback has unfrozen what it unfreezes at
+    that epoch (the state the run trains from: `wrapped`, or `loaded` after a resume). `save_after`: the round trip's
+    save at the end of epoch SAVE_AFTER_STEP, where `ModelCheckpoint(save_on_train_epoch_end=True)` saves."""
+
+    def __init__(self, probes: StepProbes, tap: _NormTap, clips: bool, first_batch: Callable[[], None],
+                 first_step: int = 0, save_after: Callable[[int], bool] | None = None) -> None:
+        self.probes, self.tap, self.clips = probes, tap, clips
+        self.first_batch: Callable[[], None] | None = first_batch
+        self.step = first_step
+        self.save_after = save_after
+        self.saved: bool | None = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.first_batch is not None:
+            self.first_batch()
+            self.first_batch = None
+        self.probes.forward(self.step)
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.probes.backward_done(self.step)
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        if self.clips:
+            self.probes.clipping(self.step)  # Lightning clips right after this hook
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.clips:
+            self.probes.clipped(self.step, *self.tap.take())
+        self.probes.optimizer_step(self.step)
+        self.probes.stepped(self.step)
+        self.step += 1
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.save_after is not None and self.step - 1 == SAVE_AFTER_STEP:
+            self.saved = self.save_after(self.step - 1)
+
+
+class _TrainerRun:
+    """One Lightning script: the user's model, freeze, LightningModule, callbacks and Trainer."""
+
+    save_api = ("trainer.save_checkpoint (as ModelCheckpoint(save_on_train_epoch_end=True) does) at the end of "
+                "epoch 0; resume: a new Trainer, fit(model, ckpt_path=<checkpoint>)")
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        ctx.probe.phase("build model")
+        model = ctx.build_model(device=ctx.device)
+        plan = ctx.resolve_plan(model)
+        apply_freeze(plan, model)
+        self.module = _Module(model, ctx, plan.optimized)
+        paths = unfrozen_modules(ctx)
+        hyper = ctx.cell.hyper
+        self.callbacks: list[Callback] = [UnfreezeAtFirstEpoch(paths)] if paths else []
+        self.trainer = Trainer(
+            accelerator=_accelerator(ctx), devices=ctx.world_size, num_nodes=1,
+            strategy=DDPStrategy(process_group_backend=dist.get_backend(), find_unused_parameters=_finds_unused(ctx)),
+            precision=LIGHTNING_PRECISION[ctx.cell.precision], max_epochs=hyper.steps, limit_train_batches=1,
+            gradient_clip_val=hyper.max_norm if hyper.clips else None, gradient_clip_algorithm="norm",
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            num_sanity_val_steps=0, use_distributed_sampler=False, callbacks=self.callbacks)
+        self.view: ParamView | None = None
+
+    def fit(self, probes: _Probes, tap: _NormTap, ckpt_path: Path | None = None) -> None:
+        self.trainer.callbacks.insert(0, probes)
+        with tap.installed():
+            self.trainer.fit(self.module, train_dataloaders=[0],
+                             ckpt_path=None if ckpt_path is None else str(ckpt_path))
+
+    def wrapped(self) -> ParamView:
+        """The view, once the Trainer has wrapped the model and built the optimizer (inside fit)."""
+        self.view = ParamView(self.module.model, self.trainer.optimizers)
+        _observe(self.ctx.probe, "Trainer", self.trainer.strategy, self.trainer.strategy.model)
+        return self.view
+
+    # Resumable
+
+    def save(self, directory: Path) -> None:
+        self.trainer.save_checkpoint(directory / CHECKPOINT_FILE)
+
+    def saved(self, directory: Path) -> Saved:
+        state = load_file(directory / CHECKPOINT_FILE)
+        (optimizer,) = state["optimizer_states"]
+        (live,) = self.trainer.optimizers
+        return full_contents(state["state_dict"], optimizer["state"], _names_by_index(self.module.model, live),
+                             rename=lambda key: key.removeprefix(MODULE_PREFIX))
+
+    def close(self) -> None:
+        dist.barrier()
+
+
+class _LateView(ParamView):
+    """A view whose module and optimizer exist only once the Trainer's fit has built them."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.Module(), [])
+
+    def become(self, view: ParamView) -> None:
+        self.module, self.optimizers = view.module, view.optimizers
+
+
+def _train_with_trainer(ctx: RunContext) -> None:
+    tap = _NormTap()
+    resumes = loop.runs_round_trip(ctx)
+    with loop.shared_folder(ctx) if resumes else contextlib.nullcontext(Path(os.devnull)) as folder:
+        first = _TrainerRun(ctx)
+        view = _LateView()
+        probes = StepProbes(ctx.probe, view)
+
+        def started() -> None:
+            view.become(first.wrapped())
+            probes.wrapped()
+
+        ctx.probe.phase("Trainer.fit (ddp)")
+        saves = _Probes(probes, tap, ctx.cell.hyper.clips, started,
+                        save_after=functools.partial(loop.save, ctx, first, folder) if resumes else None)
+        first.fit(saves, tap)
+        if not saves.saved:
+            return
+        ctx.probe.resuming("tear down")
+        first.close()
+        ctx.probe.phase("resume: rebuild")
+        fresh = _TrainerRun(ctx)
+        fresh_view = _LateView()
+
+        def resumed() -> None:
+            fresh_view.become(fresh.wrapped())
+            ctx.probe.loaded(fresh_view)
+
+        path = _without_omitted(ctx, folder / CHECKPOINT_FILE, "state_dict", ctx.cell.break_load)
+        fresh.module.strict_loading = ctx.cell.break_load is None
+        ctx.probe.phase("resume: load (fit(ckpt_path))")
+        fresh.fit(_Probes(StepProbes(ctx.probe, fresh_view), tap, ctx.cell.hyper.clips, resumed,
+                          first_step=SAVE_AFTER_STEP + 1), tap, ckpt_path=path)
+        fresh.close()
+
+
+class LightningAdapter(AdapterBase):
+    def run(self, ctx: RunContext) -> None:
+        if ctx.cell.key.plugin.startswith("fabric-"):
+            loop.train(ctx, _FabricLoop(ctx), rebuild=lambda: _FabricLoop(ctx))
+        else:
+            _train_with_trainer(ctx)
