@@ -1,5 +1,6 @@
-"""The Lightning row on real 2-rank cells: the Trainer's and Fabric's DDP judged like any wrapper, the round trip
-through Lightning's own checkpointing, and the two silent failures of its finetuning callback under DDP."""
+"""The Lightning row on real 2-rank cells: the Trainer's and Fabric's DDP and Fabric's FSDP (behind the CPU shim)
+judged like any wrapper, the round trip through Lightning's own checkpointing, and the two silent failures of its
+finetuning callback under DDP."""
 
 from __future__ import annotations
 
@@ -33,14 +34,15 @@ def messages(verdict: checks.Verdict, check: str) -> str:
     return " ".join(f.message for f in verdict.failures if f.check == check)
 
 
-@pytest.mark.parametrize("plugin", ["trainer-ddp", "fabric-ddp"])
+@pytest.mark.parametrize("plugin", ["trainer-ddp", "fabric-ddp", "fabric-fsdp"])
 @pytest.mark.parametrize("freeze", ["embedding", "all-but-last"])
 def test_a_frozen_part_holds_and_survives_the_round_trip(pool: RankPool, plugin: str, freeze: str) -> None:
     verdict, ranks = slices.judged(pool, cell(plugin, freeze))
     assert verdict.status == "pass", verdict.message
     lead = ranks[0].record
     driver = "Trainer" if plugin.startswith("trainer") else "Fabric"
-    assert lead.observed["driver"] == driver and lead.observed["wrapper"] == "DistributedDataParallel"
+    wrapper = "FullyShardedDataParallel" if plugin.endswith("fsdp") else "DistributedDataParallel"
+    assert lead.observed["driver"] == driver and lead.observed["wrapper"] == wrapper
     resume = lead.resume
     assert resume is not None and resume.error is None
     assert ("save_checkpoint" if driver == "Trainer" else "fabric.save") in resume.api
@@ -71,3 +73,11 @@ def test_the_finetuning_callback_under_ddp_leaves_the_unfrozen_blocks_unsynced_a
     # the first run did unfreeze them: every rank trained them at step 0
     assert all(ranks[0].record.steps[0].grads.get(n) is not None for n in ranks[0].record.plan.names
                if n.startswith("blocks."))
+
+
+def test_an_idle_branch_the_callback_unfroze_is_frozen_again_after_a_resume(pool: RankPool) -> None:
+    """Lightning#21901 alone: the branch gets no grad on these batches (DDP's sync is moot), and the resumed run's
+    BaseFinetuning.setup freezes it again; within the cell no weight changes, so it is costly, not silent."""
+    verdict, _ = slices.judged(pool, cell("trainer-ddp", "unused-branch-finetuning"))
+    assert verdict.status == "fail" and {f.check for f in verdict.failures} == {"resume"}, verdict.message
+    assert "requires_grad after load differs from the freeze pattern: vision." in messages(verdict, "resume")

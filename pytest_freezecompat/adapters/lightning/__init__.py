@@ -7,12 +7,15 @@ from ...core.declaration import AdapterDeclaration
 BUILDS = {f"{driver.lower()}-ddp{suffix}": {"driver": driver, "strategy": "DDPStrategy",
                                              "wrapper": "DistributedDataParallel", "find_unused_parameters": unused}
           for driver in ("Trainer", "Fabric") for suffix, unused in (("", "False"), ("-find-unused", "True"))}
+BUILDS["fabric-fsdp"] = {"driver": "Fabric", "strategy": "FSDPStrategy", "wrapper": "FullyShardedDataParallel",
+                         "use_orig_params": "True"}
 
 DECLARATION = AdapterDeclaration(
     plugins=tuple(BUILDS),
     init=("eager",),
     checkpoint=("none", "reentrant", "non-reentrant"),
     implementation="pytest_freezecompat.adapters.lightning.adapter:LightningAdapter",
+    emulation="pytest_freezecompat.adapters.lightning.emulation:SHIM",
     words={"trainer-ddp": "Trainer(strategy='ddp'): training_step, configure_optimizers, gradient_clip_val, "
                           "ModelCheckpoint, fit(ckpt_path=...)",
            "trainer-ddp-find-unused": "Trainer(strategy='ddp_find_unused_parameters_true'), the rest as trainer-ddp",
@@ -20,10 +23,12 @@ DECLARATION = AdapterDeclaration(
                          "fabric.save / fabric.load",
            "fabric-ddp-find-unused": "Fabric(strategy=DDPStrategy(find_unused_parameters=True)), the rest as "
                                      "fabric-ddp",
+           "fabric-fsdp": "Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block})): use_orig_params=True, sharded "
+                          "checkpoints (Fabric's defaults), the rest as fabric-ddp",
            "eager": "model built as usual", "none": "no activation checkpointing",
            "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
-    observes=("driver", "strategy", "wrapper", "find_unused_parameters", "precision"),
+    observes=("driver", "strategy", "wrapper", "precision"),
     promises=BUILDS,
     distributions=("lightning",),
     # finetuning.py OPTION: the params a BaseFinetuning callback freezes before training and unfreezes at epoch 0.

@@ -24,16 +24,19 @@ import torch
 import torch.distributed as dist
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy as FabricDDP
+from lightning.fabric.strategies import FSDPStrategy as FabricFSDP
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ... import models
 from .. import loop
-from ..base import AdapterBase, Probe, RunContext, apply_freeze, class_among, precision_of
+from ..base import AdapterBase, Probe, RunContext, apply_freeze, class_among, precision_of, strip_wrapper_infixes
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
-from ..saved_files import full_contents, load_file
-from ..views import ParamView, optimizer_params
+from ..saved_files import dcp_contents, full_contents, load_file
+from ..views import FSDP1_INFIXES, FSDP1View, ParamView, optimizer_params
 from .finetuning import UnfreezeAtFirstEpoch, unfrozen_modules
 
 #: The cell's precision as Lightning names it.
@@ -78,17 +81,27 @@ def _observe(probe: Probe, driver: str, strategy: object, wrapped: nn.Module) ->
     """The stack as it runs, read back from the strategy and the module it wrapped (`promises`)."""
     probe.observed("driver", driver)
     probe.observed("strategy", type(strategy).__name__)
-    probe.observed("wrapper", class_among(wrapped, (DDP,)))
+    probe.observed("wrapper", class_among(wrapped, (DDP, FSDP)))
     if isinstance(wrapped, DDP):
         probe.observed("find_unused_parameters", wrapped.find_unused_parameters)
+    if isinstance(wrapped, FSDP):
+        probe.observed("use_orig_params", wrapped._use_orig_params)
     probe.observed("precision", precision_of(wrapped.parameters()))
 
 
 # Fabric: the user's own loop, `loop.train` drives it.
 
+def _fabric_strategy(ctx: RunContext, model: nn.Module) -> FabricDDP | FabricFSDP:
+    """The strategy a Fabric user passes for the plugin: DDP, or FSDP wrapping every block (Fabric's defaults:
+    use_orig_params=True, sharded checkpoints)."""
+    if ctx.cell.key.plugin == "fabric-fsdp":
+        return FabricFSDP(auto_wrap_policy={type(block) for block in models.block_modules(model)},
+                          process_group_backend=dist.get_backend())
+    return FabricDDP(process_group_backend=dist.get_backend(), find_unused_parameters=_finds_unused(ctx))
+
+
 class _FabricLoop:
     clips_in_step = False
-    save_api = "fabric.save(path, {'model': model, 'optimizer': optimizer}); fabric.load(path, state)"
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -97,16 +110,26 @@ class _FabricLoop:
         plan = ctx.resolve_plan(self.bare)
         apply_freeze(plan, self.bare)
         self.fabric = Fabric(accelerator=_accelerator(ctx), devices=ctx.world_size, num_nodes=1,
-                             strategy=FabricDDP(process_group_backend=dist.get_backend(),
-                                                find_unused_parameters=_finds_unused(ctx)),
+                             strategy=_fabric_strategy(ctx, self.bare),
                              precision=LIGHTNING_PRECISION[ctx.cell.precision])
-        ctx.probe.phase("wrap (fabric.setup, ddp)")
+        ctx.probe.phase(f"wrap (fabric.setup, {ctx.cell.key.plugin})")
         self.fabric.launch()  # launched outside it: joins the ranks' process group
-        optimizer = ctx.make_optimizer(optimizer_params(self.bare, plan.optimized))
-        self.model, self.optimizer = self.fabric.setup(self.bare, optimizer)
-        self.view = ParamView(self.bare, self.optimizer.optimizer)
+        self.sharded = isinstance(self.fabric.strategy, FabricFSDP)
+        if self.sharded:  # FSDP's optimizer must see the flat-param-backed params: set up the model first
+            self.model = self.fabric.setup_module(self.bare)
+            optimizer = ctx.make_optimizer(optimizer_params(self.model._forward_module, plan.optimized))
+            self.optimizer = self.fabric.setup_optimizers(optimizer)
+        else:
+            optimizer = ctx.make_optimizer(optimizer_params(self.bare, plan.optimized))
+            self.model, self.optimizer = self.fabric.setup(self.bare, optimizer)
         # the _FabricModule holds what the strategy wrapped as its forward module
-        _observe(ctx.probe, "Fabric", self.fabric.strategy, self.model._forward_module)
+        wrapped = self.model._forward_module
+        self.view = FSDP1View(wrapped, self.optimizer.optimizer) if self.sharded else ParamView(
+            self.bare, self.optimizer.optimizer)
+        self.save_api = ("fabric.save(path, {'model': model, 'optimizer': optimizer})"
+                         + (" (FSDP: sharded, torch.distributed.checkpoint)" if self.sharded else "")
+                         + "; fabric.load(path, state)")
+        _observe(ctx.probe, "Fabric", self.fabric.strategy, wrapped)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -130,6 +153,9 @@ class _FabricLoop:
         self.fabric.save(directory / CHECKPOINT_FILE, {"model": self.model, "optimizer": self.optimizer})
 
     def saved(self, directory: Path) -> Saved:
+        if self.sharded:  # a folder: FSDP's sharded model and optimizer state dicts, keyed by name
+            return dcp_contents(directory / CHECKPOINT_FILE, "model", "optimizer",
+                                rename=lambda key: strip_wrapper_infixes(key, FSDP1_INFIXES))
         state = load_file(directory / CHECKPOINT_FILE)
         return full_contents(state["model"], state["optimizer"]["state"],
                              _names_by_index(self.bare, self.optimizer.optimizer))
@@ -335,6 +361,7 @@ def _train_with_trainer(ctx: RunContext) -> None:
 class LightningAdapter(AdapterBase):
     def run(self, ctx: RunContext) -> None:
         if ctx.cell.key.plugin.startswith("fabric-"):
-            loop.train(ctx, _FabricLoop(ctx), rebuild=lambda: _FabricLoop(ctx))
+            with ctx.emulation():
+                loop.train(ctx, _FabricLoop(ctx), rebuild=lambda: _FabricLoop(ctx))
         else:
             _train_with_trainer(ctx)
