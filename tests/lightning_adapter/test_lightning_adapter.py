@@ -1,4 +1,4 @@
-"""The Lightning row on real 2-rank cells: the Trainer's and Fabric's DDP and Fabric's FSDP (behind the CPU shim)
+"""The Lightning row on real 2-rank cells: the Trainer's and Fabric's DDP and FSDP (FSDP behind the CPU shim)
 judged like any wrapper, the round trip through Lightning's own checkpointing, and the two silent failures of its
 finetuning callback under DDP."""
 
@@ -34,7 +34,7 @@ def messages(verdict: checks.Verdict, check: str) -> str:
     return " ".join(f.message for f in verdict.failures if f.check == check)
 
 
-@pytest.mark.parametrize("plugin", ["trainer-ddp", "fabric-ddp", "fabric-fsdp"])
+@pytest.mark.parametrize("plugin", ["trainer-ddp", "trainer-fsdp", "fabric-ddp", "fabric-fsdp"])
 @pytest.mark.parametrize("freeze", ["embedding", "all-but-last"])
 def test_a_frozen_part_holds_and_survives_the_round_trip(pool: RankPool, plugin: str, freeze: str) -> None:
     verdict, ranks = slices.judged(pool, cell(plugin, freeze))
@@ -46,6 +46,8 @@ def test_a_frozen_part_holds_and_survives_the_round_trip(pool: RankPool, plugin:
     resume = lead.resume
     assert resume is not None and resume.error is None
     assert ("save_checkpoint" if driver == "Trainer" else "fabric.save") in resume.api
+    if plugin.endswith("fsdp"):  # behind the shim, which said so
+        assert lead.emulated
     assert sorted(resume.saved_params) == sorted(lead.plan.names)  # every param, frozen ones too, by bare name
     assert set(resume.saved_state) <= set(lead.plan.trainable)  # Adam's moments of what trains, nothing frozen
     assert resume.steps[1].params is not None  # the resumed run trained exactly step 1

@@ -7,8 +7,9 @@ from ...core.declaration import AdapterDeclaration
 BUILDS = {f"{driver.lower()}-ddp{suffix}": {"driver": driver, "strategy": "DDPStrategy",
                                              "wrapper": "DistributedDataParallel", "find_unused_parameters": unused}
           for driver in ("Trainer", "Fabric") for suffix, unused in (("", "False"), ("-find-unused", "True"))}
-BUILDS["fabric-fsdp"] = {"driver": "Fabric", "strategy": "FSDPStrategy", "wrapper": "FullyShardedDataParallel",
-                         "use_orig_params": "True"}
+BUILDS.update({f"{driver.lower()}-fsdp": {"driver": driver, "strategy": "FSDPStrategy",
+                                          "wrapper": "FullyShardedDataParallel", "use_orig_params": "True"}
+               for driver in ("Trainer", "Fabric")})
 
 DECLARATION = AdapterDeclaration(
     plugins=tuple(BUILDS),
@@ -23,6 +24,8 @@ DECLARATION = AdapterDeclaration(
                          "fabric.save / fabric.load",
            "fabric-ddp-find-unused": "Fabric(strategy=DDPStrategy(find_unused_parameters=True)), the rest as "
                                      "fabric-ddp",
+           "trainer-fsdp": "Trainer(strategy=FSDPStrategy(auto_wrap_policy={Block})): use_orig_params=True, a full "
+                           "checkpoint from rank 0 (the Trainer's defaults), the rest as trainer-ddp",
            "fabric-fsdp": "Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block})): use_orig_params=True, sharded "
                           "checkpoints (Fabric's defaults), the rest as fabric-ddp",
            "eager": "model built as usual", "none": "no activation checkpointing",

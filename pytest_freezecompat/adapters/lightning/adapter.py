@@ -26,14 +26,23 @@ from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy as FabricDDP
 from lightning.fabric.strategies import FSDPStrategy as FabricFSDP
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ... import models
 from .. import loop
-from ..base import AdapterBase, Probe, RunContext, apply_freeze, class_among, precision_of, strip_wrapper_infixes
+from ..base import (
+    AdapterBase,
+    ModelView,
+    Probe,
+    RunContext,
+    apply_freeze,
+    class_among,
+    precision_of,
+    strip_wrapper_infixes,
+)
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
 from ..saved_files import dcp_contents, full_contents, load_file
 from ..views import FSDP1_INFIXES, FSDP1View, ParamView, optimizer_params
@@ -61,6 +70,13 @@ def _names_by_index(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     names = {id(p): n for n, p in model.named_parameters()}
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>") for i, p in enumerate(params)}
+
+
+def _fsdp_names_by_id(wrapped: nn.Module) -> dict[int, str]:
+    """The Trainer's full FSDP checkpoint keys optimizer state by param id (`FSDP.rekey_optim_state_dict(...,
+    PARAM_ID, model)`): the position among the wrapped model's params -> the bare name."""
+    return {i: strip_wrapper_infixes(name, FSDP1_INFIXES).removeprefix(MODULE_PREFIX)
+            for i, (name, _) in enumerate(wrapped.named_parameters())}
 
 
 def _without_omitted(ctx: RunContext, path: Path, key: str, omit: str | None) -> Path:
@@ -179,10 +195,22 @@ class _Module(LightningModule):
         self.model = model
         self.cell_context = ctx
         self.optimized = optimized
+        #: The total norm FSDP's clip_grad_norm_ returned this step (`configure_gradient_clipping`).
+        self.fsdp_norm: float | None = None
 
     def training_step(self, batch: Any, batch_index: int) -> torch.Tensor:
         ctx = self.cell_context
         return ctx.loss(self.model, ctx.local_batch(self.trainer.global_step))
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Lightning clips by norm itself except under FSDP, which it refuses ("not supported for FSDPPrecision"):
+        there, as its FSDP docs have a user do, through the wrapped model's own `clip_grad_norm_`."""
+        model = self.trainer.strategy.model
+        if isinstance(model, FSDP) and gradient_clip_val:
+            self.fsdp_norm = float(model.clip_grad_norm_(gradient_clip_val))
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # Over the params that require grad now (a finetuning callback has frozen its modules by this point).
@@ -249,10 +277,16 @@ class _Probes(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.clips:
-            self.probes.clipped(self.step, *self.tap.take())
+            self.probes.clipped(self.step, *self._norm(pl_module))
         self.probes.optimizer_step(self.step)
         self.probes.stepped(self.step)
         self.step += 1
+
+    def _norm(self, pl_module: LightningModule) -> tuple[float | None, str]:
+        norm, pl_module.fsdp_norm = pl_module.fsdp_norm, None
+        if norm is None:
+            return self.tap.take()
+        return norm, "returned by FSDP.clip_grad_norm_ (the LightningModule's configure_gradient_clipping)"
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.save_after is not None and self.step - 1 == SAVE_AFTER_STEP:
@@ -277,12 +311,19 @@ class _TrainerRun:
         self.callbacks: list[Callback] = [UnfreezeAtFirstEpoch(paths)] if paths else []
         self.trainer = Trainer(
             accelerator=_accelerator(ctx), devices=ctx.world_size, num_nodes=1,
-            strategy=DDPStrategy(process_group_backend=dist.get_backend(), find_unused_parameters=_finds_unused(ctx)),
+            strategy=self._strategy(model),
             precision=LIGHTNING_PRECISION[ctx.cell.precision], max_epochs=hyper.steps, limit_train_batches=1,
             gradient_clip_val=hyper.max_norm if hyper.clips else None, gradient_clip_algorithm="norm",
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             num_sanity_val_steps=0, use_distributed_sampler=False, callbacks=self.callbacks)
-        self.view: ParamView | None = None
+
+    def _strategy(self, model: nn.Module) -> DDPStrategy | FSDPStrategy:
+        """What a Trainer user passes for the plugin: DDP, or FSDP wrapping every block (the Trainer's defaults:
+        use_orig_params=True, a full checkpoint from rank 0)."""
+        if self.ctx.cell.key.plugin == "trainer-fsdp":
+            return FSDPStrategy(auto_wrap_policy={type(block) for block in models.block_modules(model)},
+                                process_group_backend=dist.get_backend())
+        return DDPStrategy(process_group_backend=dist.get_backend(), find_unused_parameters=_finds_unused(self.ctx))
 
     def fit(self, probes: _Probes, tap: _NormTap, ckpt_path: Path | None = None) -> None:
         self.trainer.callbacks.insert(0, probes)
@@ -290,11 +331,13 @@ class _TrainerRun:
             self.trainer.fit(self.module, train_dataloaders=[0],
                              ckpt_path=None if ckpt_path is None else str(ckpt_path))
 
-    def wrapped(self) -> ParamView:
+    def wrapped(self) -> ModelView:
         """The view, once the Trainer has wrapped the model and built the optimizer (inside fit)."""
-        self.view = ParamView(self.module.model, self.trainer.optimizers)
-        _observe(self.ctx.probe, "Trainer", self.trainer.strategy, self.trainer.strategy.model)
-        return self.view
+        wrapped = self.trainer.strategy.model
+        _observe(self.ctx.probe, "Trainer", self.trainer.strategy, wrapped)
+        if isinstance(wrapped, FSDP):
+            return _TrainerFSDPView(wrapped, self.trainer.optimizers)
+        return ParamView(self.module.model, self.trainer.optimizers)
 
     # Resumable
 
@@ -305,21 +348,53 @@ class _TrainerRun:
         state = load_file(directory / CHECKPOINT_FILE)
         (optimizer,) = state["optimizer_states"]
         (live,) = self.trainer.optimizers
-        return full_contents(state["state_dict"], optimizer["state"], _names_by_index(self.module.model, live),
+        names = (_fsdp_names_by_id(self.trainer.strategy.model) if isinstance(self.trainer.strategy, FSDPStrategy)
+                 else _names_by_index(self.module.model, live))
+        return full_contents(state["state_dict"], optimizer["state"], names,
                              rename=lambda key: key.removeprefix(MODULE_PREFIX))
 
     def close(self) -> None:
         dist.barrier()
 
 
-class _LateView(ParamView):
-    """A view whose module and optimizer exist only once the Trainer's fit has built them."""
+class _LateView:
+    """The view of a model the Trainer wraps only inside fit(): it reads through the view made then."""
 
     def __init__(self) -> None:
-        super().__init__(nn.Module(), [])
+        self.inner: ModelView | None = None
 
-    def become(self, view: ParamView) -> None:
-        self.module, self.optimizers = view.module, view.optimizers
+    def become(self, view: ModelView) -> None:
+        self.inner = view
+
+    def _view(self) -> ModelView:
+        assert self.inner is not None, "read before the Trainer wrapped the model"
+        return self.inner
+
+    @property
+    def grad_access(self) -> str:
+        return self._view().grad_access
+
+    def requires_grad_flags(self) -> dict[str, bool]:
+        return self._view().requires_grad_flags()
+
+    def tracked_names(self) -> set[str]:
+        return self._view().tracked_names()
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        return self._view().full_params()
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        return self._view().full_grads()
+
+
+class _TrainerFSDPView(FSDP1View):
+    """The Trainer's FSDP wraps the LightningModule: names lose its child's prefix (`model.`)."""
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return {name.removeprefix(MODULE_PREFIX): p for name, p in super().named_parameters().items()}
+
+    def tracked_names(self) -> set[str]:
+        return {name.removeprefix(MODULE_PREFIX) for name in super().tracked_names()}
 
 
 def _train_with_trainer(ctx: RunContext) -> None:
@@ -334,7 +409,7 @@ def _train_with_trainer(ctx: RunContext) -> None:
             view.become(first.wrapped())
             probes.wrapped()
 
-        ctx.probe.phase("Trainer.fit (ddp)")
+        ctx.probe.phase(f"Trainer.fit ({ctx.cell.key.plugin})")
         saves = _Probes(probes, tap, ctx.cell.hyper.clips, started,
                         save_after=functools.partial(loop.save, ctx, first, folder) if resumes else None)
         first.fit(saves, tap)
@@ -364,4 +439,5 @@ class LightningAdapter(AdapterBase):
             with ctx.emulation():
                 loop.train(ctx, _FabricLoop(ctx), rebuild=lambda: _FabricLoop(ctx))
         else:
-            _train_with_trainer(ctx)
+            with ctx.emulation():
+                _train_with_trainer(ctx)
