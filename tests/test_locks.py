@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -67,8 +69,33 @@ def test_every_environment_has_a_lock_compiled_from_its_pins_now() -> None:
         assert set(locks.SEED) <= pins.keys(), name
 
 
+def test_what_is_installed_is_what_site_packages_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package's vendored copy on sys.path (setuptools/_vendor once setuptools is imported) is not installed."""
+    vendored = tmp_path / "not-installed-9.9.dist-info"
+    vendored.mkdir()
+    (vendored / "METADATA").write_text("Metadata-Version: 2.1\nName: not-installed\nVersion: 9.9\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "not-installed" in {dist.metadata["Name"] for dist in metadata.distributions()}
+    assert "not-installed" not in locks.installed()
+
+
 def test_what_is_installed_reads_in_the_locks_own_form(capsys: pytest.CaptureFixture[str]) -> None:
     assert locks.main(["freeze"]) == 0
     frozen = capsys.readouterr().out
     assert locks.parse(frozen) == locks.installed() and frozen == locks.render(locks.installed())
     assert locks.OURSELVES not in frozen and "pytest==" in frozen
+
+
+def test_each_published_environment_ran_exactly_its_lock() -> None:
+    """The published report: each environment it holds names its lock's current hash with no difference, and the
+    versions published beside it (reports/pip-freeze-<env>.txt) are that lock's. A lock compiled again without its
+    slice run again fails here."""
+    spec = load(default_spec_path())
+    published = Path(spec.path).resolve().parents[1] / "reports"
+    environments = json.loads((published / "matrix.json").read_text())["environments"]
+    assert set(environments) <= set(spec.environments)
+    for name, recorded in environments.items():
+        lock = locks.path_of(spec.path, name).read_text()
+        assert recorded.get("lock") == {"file": f"locks/{name}.txt", "sha256": locks.digest(lock), "differs": []}, \
+            f"{name}: the published cells ran another lock, or none: run its slice again"
+        assert locks.parse((published / f"pip-freeze-{name}.txt").read_text()) == locks.parse(lock), name

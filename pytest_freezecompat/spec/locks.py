@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
+import sysconfig
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from importlib import metadata
@@ -88,8 +89,12 @@ def digest(text: str) -> str:
 
 
 def installed() -> dict[str, str]:
-    """name -> version of every distribution this interpreter sees, this package left out (the checkout, editable)."""
-    found = {normalized(dist.metadata["Name"]): dist.version for dist in metadata.distributions()
+    """name -> version of every distribution installed in this environment's site-packages, this package left out (the
+    checkout, editable). Only there: once setuptools is imported (ColossalAI imports it), its own vendored copies
+    (`setuptools/_vendor`: jaraco.*, inflect, an older importlib-metadata) are on sys.path too, and would read as
+    installed where pip and the lock see none."""
+    site = list(dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib")))
+    found = {normalized(dist.metadata["Name"]): dist.version for dist in metadata.distributions(path=site)
              if dist.metadata["Name"]}
     found.pop(OURSELVES, None)
     return found
