@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                     "model's (the matrix's, the examples' and your @freeze_case models). Leave out --framework, "
                     "--plugin or --freeze to list the values the report holds (its frameworks, releases, models, "
                     "plugins and each model's freeze patterns) for whatever you do name.")
-    advise_cmd.add_argument("--framework", help="e.g. hf, torch, deepspeed, colossalai, lightning (leave out: list them)")
+    advise_cmd.add_argument("--framework",
+                            help="e.g. hf, torch, deepspeed, colossalai, lightning (leave out: list them)")
     advise_cmd.add_argument("--plugin", help="how the model is wrapped (leave out: list the framework's)")
     advise_cmd.add_argument("--freeze", metavar="PATTERN", help="what is frozen (leave out: list each model's)")
     advise_cmd.add_argument("--release", help="the framework's release (default: the report's newest)")
