@@ -48,6 +48,14 @@ def load_file(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def index_names(named: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[int, str]:
+    """A plain optimizer's state dict keys params by their index over its groups: index -> the name `named` gives
+    that param (a param `named` lacks is shown by its shape, so that a check names it)."""
+    names = {id(param): name for name, param in named.items()}
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    return {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>") for i, p in enumerate(params)}
+
+
 def full_contents(model_state: Mapping[str, Any], optim_state: Mapping[Any, Any], names_of: Mapping[Any, str],
                   rename: Rename = _same) -> Saved:
     """A full state dict and an optimizer's `state` (keyed by `names_of`'s keys: indices or names)."""

@@ -24,7 +24,7 @@ from ... import models
 from ...core.freeze import FreezePlan
 from ..base import RunContext, apply_freeze, strip_wrapper_infixes
 from ..loop import Saved
-from ..saved_files import dcp_keys, load_file, state_names
+from ..saved_files import dcp_keys, index_names, load_file, state_names
 from ..views import FSDP1_INFIXES, DTensorView, FSDP1View, ParamView, optimizer_params, settle_groups
 from . import staged, state
 from .emulation import OWNED_ENV
@@ -181,10 +181,7 @@ class AccelerateLoop:
         return local, local.detach().clone()
 
     def _names_by_index(self) -> dict[int, str]:
-        """A plain optimizer's state dict keys params by their index over its groups: index -> bare name."""
-        names = {id(p): n for n, p in self.view.named_parameters().items()}
-        params = [p for group in _unwrap(self.optimizer).param_groups for p in group["params"]]
-        return {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>") for i, p in enumerate(params)}
+        return index_names(self.view.named_parameters(), _unwrap(self.optimizer))
 
 
 #: What `save_state` names its model and optimizer files and folders (Accelerate's constants, spelled out so the

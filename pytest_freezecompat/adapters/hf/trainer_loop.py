@@ -33,6 +33,7 @@ from ... import models
 from .. import loop
 from ..base import Batch, RunContext
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
+from ..saved_files import index_names
 from ..views import DTensorView, FSDP1View, ParamView, settle_groups
 from . import ZERO_PLUGINS, staged, state
 from .accelerate_loop import saved_contents, user_model
@@ -272,10 +273,7 @@ class TrainerRun:
         them, without the adapter's name, and frozen params are missing from it by design (`trainable_only`)."""
         inner = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)
         named = self.view.named_parameters()
-        names = {id(p): n for n, p in named.items()}
-        params = [p for group in inner.param_groups for p in group["params"]]
-        contents = saved_contents(self.checkpoint(), {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>")
-                                                      for i, p in enumerate(params)})
+        contents = saved_contents(self.checkpoint(), index_names(named, inner))
         peft = getattr(self.trainer.model, "peft_config", None)
         if self.wrapper == "deepspeed":
             from . import zero

@@ -44,7 +44,7 @@ from ..base import (
     strip_wrapper_infixes,
 )
 from ..loop import SAVE_AFTER_STEP, Saved, StepProbes
-from ..saved_files import dcp_contents, full_contents, load_file
+from ..saved_files import dcp_contents, full_contents, index_names, load_file
 from ..views import FSDP1_INFIXES, FSDP1View, ParamView, optimizer_params
 from .finetuning import UnfreezeAtFirstEpoch, unfrozen_modules
 
@@ -63,13 +63,6 @@ def _accelerator(ctx: RunContext) -> str:
 
 def _finds_unused(ctx: RunContext) -> bool:
     return ctx.cell.key.plugin.endswith("-find-unused")
-
-
-def _names_by_index(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
-    """A plain optimizer's state dict keys params by their index over its groups: index -> bare name."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    return {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>") for i, p in enumerate(params)}
 
 
 def _fsdp_names_by_id(wrapped: nn.Module) -> dict[int, str]:
@@ -174,7 +167,7 @@ class _FabricLoop:
                                 rename=lambda key: strip_wrapper_infixes(key, FSDP1_INFIXES))
         state = load_file(directory / CHECKPOINT_FILE)
         return full_contents(state["model"], state["optimizer"]["state"],
-                             _names_by_index(self.bare, self.optimizer.optimizer))
+                             index_names(dict(self.bare.named_parameters()), self.optimizer.optimizer))
 
     def close(self) -> None:
         self.fabric.barrier()
@@ -308,14 +301,14 @@ class _TrainerRun:
         self.module = _Module(model, ctx, plan.optimized)
         paths = unfrozen_modules(ctx)
         hyper = ctx.cell.hyper
-        self.callbacks: list[Callback] = [UnfreezeAtFirstEpoch(paths)] if paths else []
         self.trainer = Trainer(
             accelerator=_accelerator(ctx), devices=ctx.world_size, num_nodes=1,
             strategy=self._strategy(model),
             precision=LIGHTNING_PRECISION[ctx.cell.precision], max_epochs=hyper.steps, limit_train_batches=1,
             gradient_clip_val=hyper.max_norm if hyper.clips else None, gradient_clip_algorithm="norm",
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, use_distributed_sampler=False, callbacks=self.callbacks)
+            num_sanity_val_steps=0, use_distributed_sampler=False,
+            callbacks=[UnfreezeAtFirstEpoch(paths)] if paths else [])
 
     def _strategy(self, model: nn.Module) -> DDPStrategy | FSDPStrategy:
         """What a Trainer user passes for the plugin: DDP, or FSDP wrapping every block (the Trainer's defaults:
@@ -349,7 +342,7 @@ class _TrainerRun:
         (optimizer,) = state["optimizer_states"]
         (live,) = self.trainer.optimizers
         names = (_fsdp_names_by_id(self.trainer.strategy.model) if isinstance(self.trainer.strategy, FSDPStrategy)
-                 else _names_by_index(self.module.model, live))
+                 else index_names(dict(self.module.model.named_parameters()), live))
         return full_contents(state["state_dict"], optimizer["state"], names,
                              rename=lambda key: key.removeprefix(MODULE_PREFIX))
 
@@ -435,9 +428,8 @@ def _train_with_trainer(ctx: RunContext) -> None:
 
 class LightningAdapter(AdapterBase):
     def run(self, ctx: RunContext) -> None:
-        if ctx.cell.key.plugin.startswith("fabric-"):
-            with ctx.emulation():
+        with ctx.emulation():
+            if ctx.cell.key.plugin.startswith("fabric-"):
                 loop.train(ctx, _FabricLoop(ctx), rebuild=lambda: _FabricLoop(ctx))
-        else:
-            with ctx.emulation():
+            else:
                 _train_with_trainer(ctx)

@@ -36,7 +36,7 @@ from ...core.freeze import FreezePlan
 from ..base import AdapterBase, Probe, RunContext, apply_freeze, class_among, precision_of
 from ..loop import Saved, train
 from ..materialize import MetaInit
-from ..saved_files import dcp_contents, full_contents, load_file
+from ..saved_files import dcp_contents, full_contents, index_names, load_file
 from ..views import DTensorView, FSDP1View, ParamView, optimizer_params, settle_groups
 
 #: The one file of a full (rank-0) checkpoint.
@@ -78,10 +78,7 @@ class _Loop:
         dist.barrier()
 
     def _names_by_index(self) -> dict[int, str]:
-        """A plain optimizer's state dict keys params by their index over its groups: index -> bare name."""
-        names = {id(p): n for n, p in self.view.named_parameters().items()}
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        return {i: names.get(id(p), f"<not a model param: {tuple(p.shape)}>") for i, p in enumerate(params)}
+        return index_names(self.view.named_parameters(), self.optimizer)
 
 
 class _FullSave(_Loop):
