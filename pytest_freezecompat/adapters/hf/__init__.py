@@ -14,6 +14,11 @@ TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2", "trainer-fsdp2-full-state-dic
 #: Accelerate's DeepSpeed path, from both drivers (`zero`): ZeRO stage 2 or 3, the user's (the Trainer's) AdamW.
 ZERO_PLUGINS = ("accelerate-zero2", "accelerate-zero3", "trainer-zero2", "trainer-zero3")
 
+#: The `trl-*` driver: TRL's SFTTrainer over a Trainer plugin's stack (`trl_loop.TRL_PLUGINS`): the model as built, or
+#: its base and a `peft_config`.
+TRL_PLUGINS = {"trl-sft-ddp": "trainer-ddp", "trl-sft-ddp-peft-config": "trainer-ddp", "trl-sft-fsdp2": "trainer-fsdp2",
+               "trl-sft-zero3": "trainer-zero3"}
+
 #: What each plugin promises of the stack besides its driver (`accelerate` or `trainer`, its id's first word).
 _DDP = {"wrapper": "DistributedDataParallel"}
 
@@ -28,8 +33,34 @@ def _fsdp1(orig_params: bool, state_dict_type: str) -> dict[str, str]:
             "use_orig_params": str(orig_params), "sharding_strategy": "FULL_SHARD", "state_dict_type": state_dict_type}
 
 
+#: The stack each Trainer or Accelerate plugin asks for; a `trl-*` plugin asks for its Trainer twin's.
+_STACKS: dict[str, dict[str, str]] = {
+    "accelerate-ddp": _DDP, "trainer-ddp": _DDP,
+    "accelerate-fsdp2": _fsdp2("SHARDED_STATE_DICT"), "trainer-fsdp2": _fsdp2("SHARDED_STATE_DICT"),
+    "trainer-fsdp2-full-state-dict": _fsdp2("FULL_STATE_DICT"),
+    "accelerate-fsdp1": _fsdp1(False, "SHARDED_STATE_DICT"),
+    "accelerate-fsdp1-orig-params": _fsdp1(True, "SHARDED_STATE_DICT"),
+    "accelerate-fsdp1-full-state-dict": _fsdp1(False, "FULL_STATE_DICT"),
+    "accelerate-fsdp1-orig-params-full-state-dict": _fsdp1(True, "FULL_STATE_DICT"),
+    "trainer-fsdp1": _fsdp1(True, "FULL_STATE_DICT"),
+    **{plugin: {"wrapper": "DeepSpeedEngine", "distributed_type": "DEEPSPEED", "zero_stage": plugin[-1]}
+       for plugin in ZERO_PLUGINS}}
+
+
+def _driver(plugin: str) -> str:
+    """Who owns the loop: the user's (`accelerate`), or a trainer's `train()` (`trainer`; an SFTTrainer is one)."""
+    return "trainer" if plugin.startswith("trl-") else plugin.partition("-")[0]
+
+
+def _trainer_class(plugin: str) -> dict[str, str]:
+    """The trainer class whose `train()` ran (state.py reads it from the trainer's class hierarchy)."""
+    if plugin.startswith("trl-"):
+        return {"trainer": "SFTTrainer"}
+    return {"trainer": "Trainer"} if plugin.startswith("trainer-") else {}
+
+
 DECLARATION = AdapterDeclaration(
-    plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS, *ZERO_PLUGINS),
+    plugins=(*ACCELERATE_PLUGINS, *TRAINER_PLUGINS, *ZERO_PLUGINS, *TRL_PLUGINS),
     init=("eager",),
     checkpoint=("none", "reentrant", "non-reentrant"),
     implementation="pytest_freezecompat.adapters.hf.adapter:HFAdapter",
@@ -61,6 +92,14 @@ DECLARATION = AdapterDeclaration(
            **{f"trainer-zero{n}": f"Trainer(args=TrainingArguments(deepspeed={{'zero_optimization': {{'stage': {n}}}, "
                                   "...})), train(); its own AdamW, clipping and checkpoints (the engine's)"
               for n in (2, 3)},
+           "trl-sft-ddp": "trl.SFTTrainer(model, args=SFTConfig(use_cpu=True)) (DDP), train(): the model as built "
+                          "(a PeftModel passed in); SFTConfig's gradient_checkpointing as the cell's checkpoint axis",
+           "trl-sft-ddp-peft-config": "trl.SFTTrainer(base_model, peft_config=LoraConfig(...)) (DDP), train(): "
+                                      "SFTTrainer applies the adapter itself",
+           "trl-sft-fsdp2": "trl.SFTTrainer(model, args=SFTConfig(fsdp='full_shard auto_wrap', fsdp_config={'version': "
+                            "2})), train()",
+           "trl-sft-zero3": "trl.SFTTrainer(model, args=SFTConfig(deepspeed={'zero_optimization': {'stage': 3}, "
+                            "...})), train()",
            "eager": "model built as usual", "none": "no activation checkpointing",
            "reentrant": "torch.utils.checkpoint(use_reentrant=True) around each block",
            "non-reentrant": "torch.utils.checkpoint(use_reentrant=False) around each block"},
@@ -70,17 +109,8 @@ DECLARATION = AdapterDeclaration(
     # sharding from the wrapper, ZeRO's stage from the engine. DDP's distributed type is the device's (MULTI_CPU,
     # MULTI_GPU): observed, not promised.
     observes=("wrapper", "precision", "distributed_type", "driver"),
-    promises={plugin: {"driver": plugin.partition("-")[0], **facts} for plugin, facts in {
-        "accelerate-ddp": _DDP, "trainer-ddp": _DDP,
-        "accelerate-fsdp2": _fsdp2("SHARDED_STATE_DICT"), "trainer-fsdp2": _fsdp2("SHARDED_STATE_DICT"),
-        "trainer-fsdp2-full-state-dict": _fsdp2("FULL_STATE_DICT"),
-        "accelerate-fsdp1": _fsdp1(False, "SHARDED_STATE_DICT"),
-        "accelerate-fsdp1-orig-params": _fsdp1(True, "SHARDED_STATE_DICT"),
-        "accelerate-fsdp1-full-state-dict": _fsdp1(False, "FULL_STATE_DICT"),
-        "accelerate-fsdp1-orig-params-full-state-dict": _fsdp1(True, "FULL_STATE_DICT"),
-        "trainer-fsdp1": _fsdp1(True, "FULL_STATE_DICT"),
-        **{plugin: {"wrapper": "DeepSpeedEngine", "distributed_type": "DEEPSPEED", "zero_stage": plugin[-1]}
-           for plugin in ZERO_PLUGINS}}.items()},
+    promises={plugin: {"driver": _driver(plugin), **_trainer_class(plugin), **_STACKS[TRL_PLUGINS.get(plugin, plugin)]}
+              for plugin in (*_STACKS, *TRL_PLUGINS)},
     distributions=("accelerate", "transformers", "peft", "deepspeed"),
     # staged.py OPTION: params unfrozen once the optimizer is built.
     options={"unfreeze_after_optimizer": "globs"},

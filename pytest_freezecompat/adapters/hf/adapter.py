@@ -1,5 +1,5 @@
 """Hugging Face: a thin dispatcher from the plugin id to its driver (`accelerate-*`: the user's own loop;
-`trainer-*`: the Transformers Trainer's)."""
+`trainer-*`: the Transformers Trainer's; `trl-*`: TRL's SFTTrainer over the Trainer's stacks)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ class HFAdapter(AdapterBase):
                 from . import zero  # the template has it (warm_up) where DeepSpeed is installed
 
                 zero.run_accelerate(ctx, plugin)
+                return
+            if plugin.startswith("trl-"):
+                from . import trainer_loop, trl_loop  # where TRL is installed (the row's rule says where not)
+
+                trainer_loop.run(ctx, plugin, ctx.emulation, trl_loop.SFTRun)
                 return
             if plugin.startswith("trainer-"):
                 from . import trainer_loop  # the template has it (warm_up)

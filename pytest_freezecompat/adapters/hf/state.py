@@ -120,6 +120,9 @@ def observe(probe: Probe, accelerator: Any, model: Any, trainer: Any = None) -> 
                    else precision_of(model.parameters()))
     probe.observed("distributed_type", state.distributed_type.name)
     probe.observed("driver", _driver(accelerator, model, trainer))
+    if trainer is not None:  # the library's class under the cell's subclass: Trainer, or TRL's SFTTrainer
+        probe.observed("trainer", next(c.__name__ for c in type(trainer).__mro__
+                                       if c.__module__.startswith(("transformers.", "trl."))))
     if state.distributed_type.name == "FSDP":
         probe.observed("fsdp_version", state.fsdp_plugin.fsdp_version)
         probe.observed("state_dict_type", state.fsdp_plugin.state_dict_type.name)

@@ -99,12 +99,15 @@ def _the_one_item(items: list[Batch]) -> Batch:
     return batch
 
 
-class _CellTrainer(Trainer):
-    """The Trainer with the cell's loss and batches, its grads read after each backward."""
+class CellLoop:
+    """What the cell changes in any Trainer (a mixin before the Trainer class: transformers' own, TRL's): the cell's
+    loss and batches, its grads read after each backward, its AdamW's decay on every param."""
+
+    cell_run: TrainerRun
 
     def __init__(self, *args: Any, cell_run: TrainerRun, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         self.cell_run = cell_run
+        super().__init__(*args, **kwargs)
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         # This rank's rows of each step's global batch, in step order (as the reference splits them).
@@ -126,6 +129,10 @@ class _CellTrainer(Trainer):
     def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
         """Every param decays, as in the reference's AdamW (the Trainer's default spares biases and norms)."""
         return [name for name, _ in model.named_parameters()]
+
+
+class _CellTrainer(CellLoop, Trainer):
+    """The Transformers Trainer with the cell's loss and batches."""
 
 
 class _Probes(TrainerCallback):
@@ -181,9 +188,15 @@ class TrainerRun:
     """One Trainer script: the user's model, built and frozen, and a `Trainer` over it: a `loop.Resumable`."""
 
     save_api = SAVE_API
+    #: The arguments class the user fills in (TRL's subclasses it).
+    arguments_class: type[TrainingArguments] = TrainingArguments
 
-    def __init__(self, ctx: RunContext, plugin: str, folder: Path, first_step: int = 0, saves: bool = False) -> None:
+    def __init__(self, ctx: RunContext, plugin: str, folder: Path, first_step: int = 0, saves: bool = False,
+                 stack: str | None = None) -> None:
+        """`stack`: the `trainer-*` plugin whose wrapping this run asks for, where `plugin` names another trainer
+        over the same stack (TRL's)."""
         self.ctx, self.plugin, self.folder = ctx, plugin, folder
+        self.stack = stack = stack or plugin
         self.clips = ctx.cell.hyper.clips
         self.tap = _NormTap()
         # a fresh process (TrainingArguments writes ACCELERATE_* too), the model built and frozen, a late unfreeze held
@@ -191,7 +204,7 @@ class TrainerRun:
         self.bare = model
         ctx.probe.phase(f"wrap (Trainer, {plugin})")
         hyper = ctx.cell.hyper
-        self.version, self.wrapper = TRAINER_PLUGINS[plugin]
+        self.version, self.wrapper = TRAINER_PLUGINS[stack]
         fsdp: dict[str, Any] = {}
         if self.version is not None:
             blocks = sorted({type(m).__name__ for m in models.block_modules(model)})
@@ -200,19 +213,19 @@ class TrainerRun:
             # materialize on (none on CPU), where 1.15.0 takes the CPU.
             fsdp = {"fsdp": FSDP_ARGS if blocks else FSDP_ONE_UNIT, "fsdp_config": {
                 "version": self.version, "sync_module_states": False,
-                "state_dict_type": STATE_DICT_TYPES[plugin],
+                "state_dict_type": STATE_DICT_TYPES[stack],
                 **({"transformer_layer_cls_to_wrap": blocks} if blocks else {})}}
         if self.version is not None:
             # What `accelerate launch` with `fsdp_version: 2` and `fsdp_state_dict_type` exports: transformers
             # 4.57.1's fsdp_config has neither key (5.x's set the plugin's arguments); cleared with the cell's other
             # FSDP_* variables.
             os.environ["FSDP_VERSION"] = str(self.version)
-            os.environ["FSDP_STATE_DICT_TYPE"] = STATE_DICT_TYPES[plugin]
+            os.environ["FSDP_STATE_DICT_TYPE"] = STATE_DICT_TYPES[stack]
         if self.wrapper == "deepspeed":
             from . import zero  # only where DeepSpeed is installed (the template has it)
 
-            fsdp = {"deepspeed": zero.config(ctx, plugin)}
-        args = TrainingArguments(
+            fsdp = {"deepspeed": zero.config(ctx, stack)}
+        args = self.arguments_class(**self.arguments(),
             output_dir=str(folder), use_cpu=ctx.device.type == "cpu" and self.wrapper == "ddp", **fsdp,
             per_device_train_batch_size=hyper.batch_per_rank,
             max_steps=hyper.steps, learning_rate=hyper.lr, adam_beta1=hyper.betas[0], adam_beta2=hyper.betas[1],
@@ -223,10 +236,17 @@ class TrainerRun:
         if self.wrapper == "deepspeed":
             zero.keep_trainer_groups(ctx, args)
         self.callback = _Probes(self, first_step, saves)
-        self.trainer = _CellTrainer(model=model, args=args, callbacks=[self.callback], cell_run=self)
+        self.trainer = self.build_trainer(model, args)
         self.trainer.remove_callback(PrinterCallback)  # disable_tqdm's stand-in prints every log to stdout
         self.tap.install(self.trainer.accelerator)
         self._view: ParamView | None = None
+
+    def arguments(self) -> dict[str, Any]:
+        """Arguments a user of this trainer sets beyond the cell's hyperparameters."""
+        return {}
+
+    def build_trainer(self, model: nn.Module, args: TrainingArguments) -> Trainer:
+        return _CellTrainer(model=model, args=args, callbacks=[self.callback], cell_run=self)
 
     def wrapped(self) -> ParamView:
         """The view of what `train()` wrapped, once the stack is reported (`state.observe`) and checked
@@ -242,7 +262,7 @@ class TrainerRun:
                     self.ctx.world_size)
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
         if self.wrapper == "deepspeed":
-            self._view = zero.ZeroView(trainer.model_wrapped, self.plugin)
+            self._view = zero.ZeroView(trainer.model_wrapped, self.stack)
         elif self.wrapper == "fsdp2":
             self._view = DTensorView(trainer.model_wrapped, inner)
         elif self.version == 1:
@@ -303,14 +323,16 @@ class TrainerRun:
         raise NotImplementedError("the Trainer loads inside train(resume_from_checkpoint=...): see `run`")
 
 
-def run(ctx: RunContext, plugin: str, emulation: Callable[[], Any]) -> None:
-    """Train, save after step `SAVE_AFTER_STEP` where the cell runs the round trip, and resume in a fresh Trainer.
-    The Trainer saves inside `train()`: a save that raises ends the cell (an error), not only its round trip."""
+def run(ctx: RunContext, plugin: str, emulation: Callable[[], Any],
+        run_class: Callable[..., TrainerRun] = TrainerRun) -> None:
+    """Train, save after step `SAVE_AFTER_STEP` where the cell runs the round trip, and resume in a fresh Trainer
+    (`run_class`: a `TrainerRun`, or another trainer's). The Trainer saves inside `train()`: a save that raises ends
+    the cell (an error), not only its round trip."""
     if ctx.cell.break_load is not None:
         raise NotImplementedError("break_load (tests only) is not implemented for the Trainer's own load")
     resumes = loop.runs_round_trip(ctx)
     with emulation(), loop.shared_folder(ctx) as folder:
-        first = TrainerRun(ctx, plugin, folder, saves=resumes)
+        first = run_class(ctx, plugin, folder, saves=resumes)
         first.trainer.train()
         if not first.callback.saved:
             first.close()
@@ -319,7 +341,7 @@ def run(ctx: RunContext, plugin: str, emulation: Callable[[], Any]) -> None:
         checkpoint = first.checkpoint()
         first.close()
         ctx.probe.phase("resume: rebuild")
-        fresh = TrainerRun(ctx, plugin, folder, first_step=SAVE_AFTER_STEP + 1)
+        fresh = run_class(ctx, plugin, folder, first_step=SAVE_AFTER_STEP + 1)
         ctx.probe.phase("resume: load")
         fresh.trainer.train(resume_from_checkpoint=str(checkpoint))
         fresh.close()
