@@ -25,7 +25,7 @@ from torch import nn
 
 from . import models
 from .core.cell import UserModel
-from .core.freeze import FreezePattern, PatternError, resolve
+from .core.freeze import FreezePattern, PatternError, is_quantized, resolve
 from .core.names import VALUE_RE, import_ref, ref_of
 from .spec.plan import UserCase
 from .verdict.checks import Tolerance
@@ -33,6 +33,9 @@ from .verdict.checks import Tolerance
 CASE_ATTRIBUTE = "__freeze_case__"
 CONTROL = "none"
 PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused")
+#: The control's group of quantized weights, which stay frozen in it (`is_quantized`).
+QUANTIZED_GROUP = f"{CONTROL}.quantized"
+CONTROL_QUANTIZED = "nothing frozen but the quantized weights, which cannot train (control)"
 
 PatternSpec = Mapping[str, Sequence[str]] | Callable[[str], bool]
 
@@ -141,9 +144,12 @@ def build_case(decl: CaseDeclaration) -> UserCase:
     if not decl.patterns:
         raise CaseError("no freeze pattern declared")
     # The control of every column: nothing frozen. A red cell whose control fails the same way is the
-    # stack's failure, not freezing's (the verdict's `cause`).
-    patterns: dict[str, FreezePattern] = {CONTROL: FreezePattern(CONTROL, description="nothing frozen (control)")}
-    groups: dict[str, tuple[str, ...]] = {}
+    # stack's failure, not freezing's (the verdict's `cause`). Quantized weights (a 4-bit base) cannot train: the
+    # control leaves them frozen, as every pattern of such a model does.
+    quantized = tuple(n for n, p in model.named_parameters() if is_quantized(p))
+    patterns = {CONTROL: FreezePattern(CONTROL, frozen=(QUANTIZED_GROUP,) if quantized else (),
+                                       description=CONTROL_QUANTIZED if quantized else "nothing frozen (control)")}
+    groups: dict[str, tuple[str, ...]] = {QUANTIZED_GROUP: quantized} if quantized else {}
     for pid, spec in decl.patterns.items():
         pattern, pattern_groups = _pattern(pid, spec)
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..core.cell import Cell
-from ..core.freeze import FreezePlan, RowRange
+from ..core.freeze import FreezePlan, RowRange, is_quantized
 
 Batch = dict[str, torch.Tensor]
 LossOf = Callable[[nn.Module, Batch], torch.Tensor]
@@ -172,9 +172,14 @@ class AdapterBase:
 PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def precision_of(params: Iterable[torch.Tensor]) -> str:
-    """The precision the wrapped model computes in, as cells name it (`bf16+fp32` where its params are mixed)."""
-    return "+".join(sorted({PRECISION_NAMES.get(p.dtype, str(p.dtype)) for p in params})) or "no params"
+def precision_of(model: nn.Module) -> str:
+    """The precision the wrapped model computes in, as cells name it (`bf16+fp32` where its params are mixed). A
+    quantized layer's packed weights are left out (`is_quantized`, or a module that keeps a quantization state, as
+    bitsandbytes' layers do once FSDP2 has made their weights DTensors): the layer computes in its compute dtype."""
+    dtypes = {PRECISION_NAMES.get(p.dtype, str(p.dtype)) for module in model.modules()
+              if getattr(module, "quant_state", None) is None
+              for p in module.parameters(recurse=False) if not is_quantized(p)}
+    return "+".join(sorted(dtypes)) or "no params"
 
 
 def cast_inputs(module: nn.Module, dtype: torch.dtype) -> torch.utils.hooks.RemovableHandle:

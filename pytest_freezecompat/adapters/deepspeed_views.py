@@ -116,7 +116,7 @@ def engine_dtype(engine: Any) -> torch.dtype:
 def computes_in(engine: Any) -> str:
     """The dtype of the module's params (`precision_of`), where the engine's own switch (`engine_dtype`) agrees with
     it; else both."""
-    params = precision_of(engine.module.parameters())
+    params = precision_of(engine.module)
     switched = PRECISION_NAMES[engine_dtype(engine)]
     return params if params == switched else f"{params} (the engine's config: {switched})"
 

@@ -176,7 +176,9 @@ def full_tensors(tensors: dict[str, Any]) -> dict[str, Any]:
     for name, tensor in tensors.items():
         if tensor is None:
             continue
-        if tensor.device_mesh.ndim == 1 and len(tensor.placements) == 1 and tensor.placements[0].is_shard(0):
+        if not hasattr(tensor, "device_mesh"):  # not a DTensor: left out of sharding (ignored_params), whole
+            full[name] = tensor
+        elif tensor.device_mesh.ndim == 1 and len(tensor.placements) == 1 and tensor.placements[0].is_shard(0):
             by_mesh.setdefault(id(tensor.device_mesh), (tensor.device_mesh, []))[1].append(name)
         else:
             full[name] = tensor.full_tensor()

@@ -14,8 +14,12 @@ import fnmatch
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .names import ALL_GROUP, import_ref
+
+if TYPE_CHECKING:  # this module is pure: torch only for the annotation
+    import torch
 
 #: Rows of a param's first dimension, as a slice's (start, stop).
 RowRange = tuple[int | None, int | None]
@@ -121,3 +125,9 @@ def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], na
                                    "which the pattern freezes")
             rows[name] = bounds
     return FreezePlan(names, frozenset(trainable), frozenset(optimized), frozenset(unused), rows)
+
+
+def is_quantized(param: torch.Tensor) -> bool:
+    """Packed quantized storage, which no optimizer can step: an integer dtype, or a quantization state beside the
+    data (bitsandbytes' `Params4bit`, whichever dtype stores it)."""
+    return not param.is_floating_point() or getattr(param, "quant_state", None) is not None

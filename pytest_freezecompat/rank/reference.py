@@ -22,7 +22,7 @@ from torch import nn
 from .. import models
 from ..adapters.base import LossOf, apply_freeze, cast_inputs
 from ..core.cell import Cell
-from ..core.freeze import FreezePlan
+from ..core.freeze import FreezePlan, is_quantized
 from ..core.names import CANONICAL_LOOP, CLIP_OPTIMIZED_LOOP, MODEL_ZERO_GRAD_LOOP
 
 Tensors = dict[str, torch.Tensor]
@@ -59,7 +59,10 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     h = cell.hyper
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(initial[name].to(param.dtype))
+            # packed quantized weights: every build makes them alike, and the float trip of `initial` keeps the
+            # values, not the bytes (bf16-stored 4-bit data holds NaN patterns)
+            if not is_quantized(param):
+                param.copy_(initial[name].to(param.dtype))
     if compute_dtype is not None:
         model.to(compute_dtype)
         cast_inputs(model, compute_dtype)

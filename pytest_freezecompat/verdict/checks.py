@@ -219,6 +219,12 @@ def stage_of_phases(phases: Iterable[str]) -> str:
     return "training" if any(re.match(r"step \d+:", phase) for phase in phases) else "wrapping"
 
 
+def unchanged(have: Any, want: Any) -> bool:
+    """Bit-identical as a frozen param must stay: a NaN where the other holds one at the same place is unchanged (the
+    packed bytes of bf16-stored 4-bit weights read as floats hold NaN patterns)."""
+    return bool(np.array_equal(have, want, equal_nan=True))
+
+
 def close(have: Any, want: Any, rtol: float, atol: float) -> bool:
     """`np.allclose(have, want, rtol=rtol, atol=atol)`, its common case without its per-call cost (a judge makes
     hundreds of these a cell): every |have - want| <= atol + rtol |want| with `want` finite is numpy's own test
@@ -352,8 +358,8 @@ def _check_update(step: int, got: dict[str, Any], ref: dict[str, Any], before: d
         if have is None or have.shape != want.shape:
             differ.append(f"{name} (missing or wrong shape)")
             named.append(name)
-        elif np.array_equal(want, before[name]):
-            if not np.array_equal(have, before[name]):
+        elif unchanged(want, before[name]):
+            if not unchanged(have, before[name]):
                 moved_frozen.append(name)
         elif not close(have, want, rtol=tol.param_rtol, atol=tol.param_atol):
             diff = np.abs(have - want)
@@ -484,7 +490,7 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         exact = name not in trainable or name not in plan.optimized
         if have is None or have.shape != want.shape:
             differ.append(f"{name} (missing or wrong shape)")
-        elif not (np.array_equal(have, want) if exact else
+        elif not (unchanged(have, want) if exact else
                   close(have, want, rtol=tol.param_rtol, atol=tol.param_atol)):
             differ.append(f"{name} (max abs diff {np.max(np.abs(have - want)):.2e})")
     if differ:
@@ -677,7 +683,7 @@ def _agree(have: Any, want: Any, rtol: float, atol: float) -> bool:
     if have is None or want is None:
         present = have if want is None else want
         return present is None or not np.any(present)
-    return have.shape == want.shape and close(have, want, rtol=rtol, atol=atol)
+    return have.shape == want.shape and (close(have, want, rtol=rtol, atol=atol) or unchanged(have, want))
 
 
 def stated_tolerance(tol: Tolerance, precision: str, rooms: dict[int, Room]) -> dict[str, Any]:

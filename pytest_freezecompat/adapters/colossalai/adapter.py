@@ -500,7 +500,7 @@ def _observe(probe: Probe, booster: Booster, model: Any, optimizer: Any) -> None
     # The class's own name: LowLevelZeroPlugin renames its class after the last stage it was built with.
     probe.observed("plugin", type(booster.plugin).__qualname__)
     probe.observed("optimizer", type(optimizer).__name__)
-    probe.observed("precision", precision_of(model.parameters()))
+    probe.observed("precision", precision_of(model))
     # Whether boost handed back params still lazy (only ShardFormer and GeminiDDP materialize by themselves).
     probe.observed("lazy_after_boost", _lazy(model))
     if isinstance(model, TorchDDPModel):

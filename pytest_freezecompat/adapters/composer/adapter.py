@@ -372,7 +372,7 @@ def _observe(probe: Probe, state: State) -> None:
     wrappers = (DDP, FSDP, *compat.fsdp2_module_classes())
     outer = next((module for module in state.model.modules() if isinstance(module, wrappers)), state.model)
     probe.observed("wrapper", class_among(outer, wrappers))
-    probe.observed("precision", AUTOCAST.get(state.precision.value) or precision_of(state.model.parameters()))
+    probe.observed("precision", AUTOCAST.get(state.precision.value) or precision_of(state.model))
     probe.observed("optimizer", "+".join(type(optimizer).__name__ for optimizer in state.optimizers))
     probe.observed("framework_activation_checkpointing",
                    any(isinstance(module, CheckpointWrapper) for module in state.model.modules()))

@@ -117,7 +117,7 @@ def observe(probe: Probe, accelerator: Any, model: Any, trainer: Any = None) -> 
     probe.observed("wrapper", wrapper)
     # Accelerate's mixed precision casts in autocast or FSDP's policy over fp32 params; "no": the params' own dtype.
     probe.observed("precision", accelerator.mixed_precision if accelerator.mixed_precision != "no"
-                   else precision_of(model.parameters()))
+                   else precision_of(model))
     probe.observed("distributed_type", state.distributed_type.name)
     probe.observed("driver", _driver(accelerator, model, trainer))
     if trainer is not None:  # the library's class under the cell's subclass: Trainer, or TRL's SFTTrainer

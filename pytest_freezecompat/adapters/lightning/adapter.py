@@ -95,7 +95,7 @@ def _observe(probe: Probe, driver: str, strategy: object, wrapped: nn.Module) ->
         probe.observed("find_unused_parameters", wrapped.find_unused_parameters)
     if isinstance(wrapped, FSDP):
         probe.observed("use_orig_params", wrapped._use_orig_params)
-    probe.observed("precision", precision_of(wrapped.parameters()))
+    probe.observed("precision", precision_of(wrapped))
 
 
 # Fabric: the user's own loop, `loop.train` drives it.

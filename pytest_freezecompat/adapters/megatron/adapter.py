@@ -512,7 +512,7 @@ def _observe(probe: Probe, bare: GPTModel, wrapped: nn.Module, optimizer: Any) -
     (the block reads `config.recompute_granularity` in forward; each attention its `checkpoint_core_attention`)."""
     probe.observed("wrapper", next((label for cls, label in WRAPPER_CLASSES if isinstance(wrapped, cls)),
                                    f"{type(wrapped).__module__}.{type(wrapped).__qualname__}"))
-    probe.observed("precision", precision_of(wrapped.parameters()))
+    probe.observed("precision", precision_of(wrapped))
     # get_megatron_optimizer returns one optimizer (< 0.12) or a ChainedOptimizer of them; torch DDP's is torch's
     # own, or none on a pipeline stage with nothing to optimize.
     inner = [] if optimizer is None else compat.chained_optimizers(optimizer)

@@ -314,7 +314,7 @@ class TorchAdapter(AdapterBase):
 def _observe(probe: Probe, wrapped: nn.Module) -> None:
     """The wrapper as it was built, read back from it (`promises` in the package's declaration)."""
     probe.observed("wrapper", class_among(wrapped, (DDP, FSDP, FSDPModule)))
-    probe.observed("precision", precision_of(wrapped.parameters()))
+    probe.observed("precision", precision_of(wrapped))
     if isinstance(wrapped, DDP):
         probe.observed("find_unused_parameters", wrapped.find_unused_parameters)
     if isinstance(wrapped, FSDP):
