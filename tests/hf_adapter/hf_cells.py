@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import slices
 
 from pytest_freezecompat.adapters.hf import DECLARATION
@@ -11,6 +15,17 @@ from pytest_freezecompat.core.records import RankRecord
 from pytest_freezecompat.verdict import checks
 
 ADAPTER = DECLARATION.implementation_module
+#: The examples' folder: rank processes import the user models' factories from it (the pool passes sys.path on).
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def examples_pool() -> Iterator[RankPool]:
+    """A rank pool whose ranks import from examples/ (a module-scoped fixture's body)."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        yield from slices.rank_pool(ADAPTER)
+    finally:
+        sys.path.remove(str(EXAMPLES))
 
 
 def cell(plugin: str, freeze: str, checkpoint: str = "none", clip: str = "clip") -> Cell:

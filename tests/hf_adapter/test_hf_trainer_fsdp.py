@@ -9,9 +9,6 @@ under the user's loop and the Trainer alike.
 from __future__ import annotations
 
 import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +17,7 @@ pytest.importorskip("peft")
 
 import accelerate
 import slices
-from hf_cells import ADAPTER, cell, run
+from hf_cells import cell, examples_pool, run
 from packaging.version import Version
 
 from pytest_freezecompat import user
@@ -31,18 +28,10 @@ from pytest_freezecompat.spec import matrix as spec
 from pytest_freezecompat.spec import plan
 
 ACCELERATE = Version(accelerate.__version__)
-#: The examples' folder: rank processes import the peft model's factory from it (the pool passes sys.path on).
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LORA_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        yield from slices.rank_pool(ADAPTER)
-    finally:
-        sys.path.remove(str(EXAMPLES))
+pool = pytest.fixture(scope="module", name="pool")(examples_pool)
 
 
 def lora_cell(plugin: str) -> Cell:

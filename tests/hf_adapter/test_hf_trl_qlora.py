@@ -8,9 +8,6 @@ reference judges it. A QLoRA base is frozen in every pattern, the control too, a
 from __future__ import annotations
 
 import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import slices
-from hf_cells import ADAPTER, run
+from hf_cells import examples_pool, run
 from packaging.version import Version
 
 from pytest_freezecompat import user
@@ -28,18 +25,11 @@ from pytest_freezecompat.core.cell import Cell
 from pytest_freezecompat.spec import matrix as spec
 from pytest_freezecompat.spec import plan
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LORA_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
 Q_PROJ = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[RankPool]:
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        yield from slices.rank_pool(ADAPTER)
-    finally:
-        sys.path.remove(str(EXAMPLES))
+pool = pytest.fixture(scope="module", name="pool")(examples_pool)
 
 
 def example_cell(module: str, factory: str, plugin: str, freeze: str, checkpoint: str = "non-reentrant") -> Cell:
