@@ -181,11 +181,11 @@ def test_a_watched_package_the_newest_environment_does_not_pin_is_a_one_line_err
     matrix = tmp_path / "matrix"
     shutil.copytree(ROOT / "matrix", matrix)
     hf = matrix / "frameworks" / "hf.toml"
-    hf.write_text(hf.read_text().replace('watch = ["transformers", "peft"]', 'watch = ["transformers", "trl"]'))
+    hf.write_text(hf.read_text().replace('watch = ["transformers", "peft"]', 'watch = ["transformers", "datasets"]'))
     with pytest.raises(SpecError) as caught:
         load(matrix / "matrix.toml")
     said = str(caught.value)
-    assert "\n" not in said and "[releases] watch names 'trl', which its newest environment does not pin" in said
+    assert "\n" not in said and "[releases] watch names 'datasets', which its newest environment does not pin" in said
 
 
 def test_a_release_that_needs_another_python_gets_an_environment_on_the_oldest_that_it_takes(tmp_path: Path,
