@@ -24,7 +24,7 @@ from conftest import ShimProbe
 from hf_fixtures import one_process_group  # noqa: F401 (a fixture)
 from torch import nn
 
-from pytest_freezecompat.adapters.hf import DECLARATION, TRAINER_PLUGINS, accelerate_loop, emulation, state
+from pytest_freezecompat.adapters.hf import DECLARATION, TRAINER_PLUGINS, TRL_PLUGINS, accelerate_loop, emulation, state
 
 CPU = torch.device("cpu")
 CELL: Any = SimpleNamespace(key=SimpleNamespace(plugin="accelerate-fsdp2"), emulation=True)
@@ -63,7 +63,7 @@ def test_plugins_build_the_fsdp_configs_asked_for() -> None:
     full = accelerate_loop.fsdp_plugin(1, None, ["Block"], full_state_dict=True)
     assert full.state_dict_type.name == "FULL_STATE_DICT"
     zero = {p for p in DECLARATION.plugins if "-zero" in p}  # the DeepSpeed plugins: test_hf_zero.py
-    assert set(accelerate_loop.PLUGINS) == set(DECLARATION.plugins) - set(TRAINER_PLUGINS) - zero
+    assert set(accelerate_loop.PLUGINS) == set(DECLARATION.plugins) - set(TRAINER_PLUGINS) - set(TRL_PLUGINS) - zero
 
 
 def test_shim_answers_the_gpu_backend_and_cpu_device_only_inside_and_reports_it() -> None:
@@ -96,15 +96,16 @@ def test_the_trap_is_real_and_fresh_state_and_the_check_catch_it() -> None:
 
 def test_the_rank_template_can_hold_the_trainer_and_deepspeed_and_still_fork() -> None:
     """The adapter's `warm_up` imports what a fresh rank's Trainer and ZeRO cells would import (seconds each): in
-    the template's environment (one thread each for OpenMP and torch) it must leave a single thread, or the pool
-    cannot fork ranks from it."""
+    the template's environment (one thread each for OpenMP and torch) it must leave no thread but those a fork may
+    leave (pyarrow's jemalloc thread, once TRL's datasets is installed), or the pool cannot fork ranks from it."""
     import subprocess
     import sys
 
     script = ("import os, sys, torch; torch.set_num_threads(1)\n"
               "from pytest_freezecompat.adapters.hf import adapter\n"
               "adapter.warm_up()\n"
-              "print(len(os.listdir('/proc/self/task')), 'transformers.trainer' in sys.modules, "
+              "from pytest_freezecompat.rank.template import _other_thread_names\n"
+              "print(1 + len(_other_thread_names()), 'transformers.trainer' in sys.modules, "
               "'deepspeed' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
