@@ -14,8 +14,8 @@ TRAINER_PLUGINS = ("trainer-ddp", "trainer-fsdp2", "trainer-fsdp2-full-state-dic
 #: Accelerate's DeepSpeed path, from both drivers (`zero`): ZeRO stage 2 or 3, the user's (the Trainer's) AdamW.
 ZERO_PLUGINS = ("accelerate-zero2", "accelerate-zero3", "trainer-zero2", "trainer-zero3")
 
-#: The `trl-*` driver: TRL's SFTTrainer over a Trainer plugin's stack (`trl_loop.TRL_PLUGINS`): the model as built, or
-#: its base and a `peft_config`.
+#: The `trl-*` driver: TRL's SFTTrainer over a Trainer plugin's stack (plugin -> that Trainer plugin): the model as
+#: built, or its base and a `peft_config` (`trl_loop.PEFT_CONFIG_PLUGINS`).
 TRL_PLUGINS = {"trl-sft-ddp": "trainer-ddp", "trl-sft-ddp-peft-config": "trainer-ddp", "trl-sft-fsdp2": "trainer-fsdp2",
                "trl-sft-zero3": "trainer-zero3"}
 

@@ -24,13 +24,12 @@ from torch import nn
 from transformers import PreTrainedTokenizerFast, Trainer, TrainingArguments
 
 from ..base import RunContext
+from . import TRL_PLUGINS
 from .trainer_loop import CellLoop, TrainerRun
 
-#: plugin -> (the `trainer-*` plugin whose stack it asks for, how the model reaches SFTTrainer).
-TRL_PLUGINS: dict[str, tuple[str, str]] = {"trl-sft-ddp": ("trainer-ddp", "model"),
-                                           "trl-sft-ddp-peft-config": ("trainer-ddp", "peft_config"),
-                                           "trl-sft-fsdp2": ("trainer-fsdp2", "model"),
-                                           "trl-sft-zero3": ("trainer-zero3", "model")}
+#: The plugins that hand SFTTrainer the base and a `peft_config`; the others hand it the model as built. Each plugin's
+#: stack is its Trainer twin's (the package's `TRL_PLUGINS`).
+PEFT_CONFIG_PLUGINS = frozenset({"trl-sft-ddp-peft-config"})
 #: The rows SFTTrainer's `__init__` reads from its train dataset; the cell's own batches replace them in training.
 DATASET_ROWS = 4
 #: TRL sends usage telemetry unless told not to (trl's base_trainer): no network here, and none wanted in a test.
@@ -71,8 +70,8 @@ class SFTRun(TrainerRun):
             raise ValueError(f"hf adapter has no plugin {plugin!r}; valid: {', '.join(TRL_PLUGINS)}")
         os.environ.update(QUIET)
         self.arguments_class = SFTConfig
-        stack, self.passes = TRL_PLUGINS[plugin]
-        super().__init__(ctx, plugin, folder, first_step, saves, stack=stack)
+        self.passes_peft_config = plugin in PEFT_CONFIG_PLUGINS
+        super().__init__(ctx, plugin, folder, first_step, saves, stack=TRL_PLUGINS[plugin])
 
     def arguments(self) -> dict[str, Any]:
         mode = self.ctx.cell.key.checkpoint
@@ -88,7 +87,7 @@ class SFTRun(TrainerRun):
         dataset = Dataset.from_dict({"input_ids": [[0, 1]] * DATASET_ROWS})
         kwargs: dict[str, Any] = {"args": args, "train_dataset": dataset, "processing_class": tokenizer(model),
                                   "callbacks": [self.callback], "cell_run": self}
-        if self.passes == "model" or not _is_peft_model(model):
+        if not (self.passes_peft_config and _is_peft_model(model)):
             return _sft_trainer_class()(model=model, **kwargs)
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
