@@ -4,22 +4,13 @@ DeepSpeed ops the `*-zero*` plugins load into the environment's cache, as the De
 from __future__ import annotations
 
 import sys
-import time
 
-from ..deepspeed_ops import extensions_dir, load_all
+from ..deepspeed_ops import build
 
 #: What Accelerate's DeepSpeed path loads on a CPU accelerator: the shared-memory comm op (`init_distributed`). The
 #: cells step the user's AdamW (the Trainer's: `create_optimizer`) and offload nothing, so neither FusedAdam nor CPU
 #: Adam: ~10 min of builds an environment spared.
 OPS = ("ShareMemCommBuilder",)
 
-
-def main() -> int:
-    started = time.perf_counter()
-    seconds = load_all(verbose=False, names=OPS)
-    print(f"deepspeed ops built into {extensions_dir()} in {time.perf_counter() - started:.0f} s: {seconds}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(build(OPS))

@@ -1,4 +1,5 @@
-"""PyTorch Lightning: the Trainer (it owns the loop) and Fabric (the user owns it), each with `strategy="ddp"`.
+"""PyTorch Lightning: the Trainer (it owns the loop) and Fabric (the user owns it), each with its DDP, FSDP or
+DeepSpeed strategy (DeepSpeed's parts in `zero.py`, imported only for its cells).
 
 What a Lightning user writes: freeze the bare model, hold it in a `LightningModule` whose `training_step` returns the
 loss and whose `configure_optimizers` builds AdamW over the params that require grad, clip with
@@ -77,6 +78,8 @@ def _without_omitted(ctx: RunContext, path: Path, key: str, omit: str | None) ->
     that misses it would leave it (rank 0 writes it; a collective)."""
     if omit is None:
         return path
+    if path.is_dir():
+        raise NotImplementedError("omit (tests only) is proven on DeepSpeed's folders by the deepspeed adapter's tests")
     broken = path.with_name(f"omitted-{path.name}")
     if ctx.rank == 0:
         state = load_file(path)
@@ -86,11 +89,12 @@ def _without_omitted(ctx: RunContext, path: Path, key: str, omit: str | None) ->
     return broken
 
 
-def _observe(probe: Probe, driver: str, strategy: object, wrapped: nn.Module) -> None:
+def _observe(probe: Probe, driver: str, strategy: object, wrapped: nn.Module,
+             wrappers: tuple[type, ...] = (DDP, FSDP)) -> None:
     """The stack as it runs, read back from the strategy and the module it wrapped (`promises`)."""
     probe.observed("driver", driver)
     probe.observed("strategy", type(strategy).__name__)
-    probe.observed("wrapper", class_among(wrapped, (DDP, FSDP)))
+    probe.observed("wrapper", class_among(wrapped, wrappers))
     if isinstance(wrapped, DDP):
         probe.observed("find_unused_parameters", wrapped.find_unused_parameters)
     if isinstance(wrapped, FSDP):
@@ -100,9 +104,17 @@ def _observe(probe: Probe, driver: str, strategy: object, wrapped: nn.Module) ->
 
 # Fabric: the user's own loop, `loop.train` drives it.
 
-def _fabric_strategy(ctx: RunContext, model: nn.Module) -> FabricDDP | FabricFSDP:
-    """The strategy a Fabric user passes for the plugin: DDP, or FSDP wrapping every block (Fabric's defaults:
-    use_orig_params=True, sharded checkpoints)."""
+def _deepspeed(ctx: RunContext) -> bool:
+    return "-deepspeed" in ctx.cell.key.plugin
+
+
+def _fabric_strategy(ctx: RunContext, model: nn.Module) -> Any:
+    """The strategy a Fabric user passes for the plugin: DDP, FSDP wrapping every block (Fabric's defaults:
+    use_orig_params=True, sharded checkpoints), or DeepSpeed (`zero.fabric_strategy`)."""
+    if _deepspeed(ctx):
+        from . import zero
+
+        return zero.fabric_strategy(ctx)
     if ctx.cell.key.plugin == "fabric-fsdp":
         return FabricFSDP(auto_wrap_policy={type(block) for block in models.block_modules(model)},
                           process_group_backend=dist.get_backend())
@@ -124,6 +136,10 @@ class _FabricLoop:
         ctx.probe.phase(f"wrap (fabric.setup, {ctx.cell.key.plugin})")
         self.fabric.launch()  # launched outside it: joins the ranks' process group
         self.sharded = isinstance(self.fabric.strategy, FabricFSDP)
+        self.engine: Any = None
+        if _deepspeed(ctx):
+            self._set_up_deepspeed(plan.optimized)
+            return
         if self.sharded:  # FSDP's optimizer must see the flat-param-backed params: set up the model first
             self.model = self.fabric.setup_module(self.bare)
             optimizer = ctx.make_optimizer(optimizer_params(self.model._forward_module, plan.optimized))
@@ -140,6 +156,23 @@ class _FabricLoop:
                          + "; fabric.load(path, state)")
         _observe(ctx.probe, "Fabric", self.fabric.strategy, wrapped)
 
+    def _set_up_deepspeed(self, optimized: frozenset[str]) -> None:
+        """`fabric.setup(model, optimizer)` (DeepSpeed sets both up together): the engine clips inside its step."""
+        from . import zero
+
+        ctx = self.ctx
+        zero.keep_world_clone(ctx)
+        optimizer = ctx.make_optimizer(optimizer_params(self.bare, optimized))
+        self.model, self.optimizer = self.fabric.setup(self.bare, optimizer)
+        self.engine = self.model._forward_module
+        self.view = zero.LightningDeepSpeedView(self.engine, zero.plugin_of(ctx))
+        self.clips_in_step = True
+        self.save_api = (f"fabric.save(path, {{'model': model, 'optimizer': optimizer}}) (DeepSpeed: "
+                         f"engine.save_checkpoint(path, tag='{zero.TAG}'){zero.exclusion_words(ctx)}); "
+                         "fabric.load(path, state)")
+        _observe(ctx.probe, "Fabric", self.fabric.strategy, self.engine, zero.WRAPPERS)
+        zero.observe(ctx.probe, self.fabric.strategy, self.engine)
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -154,7 +187,9 @@ class _FabricLoop:
         self.optimizer.step()
 
     def norm_after_step(self) -> tuple[float | None, str]:
-        raise AssertionError("Fabric clips before step()")
+        from . import zero
+
+        return zero.norm(self.engine)
 
     # Resumable
 
@@ -162,6 +197,10 @@ class _FabricLoop:
         self.fabric.save(directory / CHECKPOINT_FILE, {"model": self.model, "optimizer": self.optimizer})
 
     def saved(self, directory: Path) -> Saved:
+        if self.engine is not None:
+            from . import zero
+
+            return zero.saved(directory / CHECKPOINT_FILE, self.view, zero.excludes_frozen(self.ctx))
         if self.sharded:  # a folder: FSDP's sharded model and optimizer state dicts, keyed by name
             return dcp_contents(directory / CHECKPOINT_FILE, "model", "optimizer",
                                 rename=lambda key: strip_wrapper_infixes(key, FSDP1_INFIXES))
@@ -171,10 +210,18 @@ class _FabricLoop:
 
     def close(self) -> None:
         self.fabric.barrier()
+        _destroy(self.engine)
 
     def load(self, directory: Path, omit: str | None = None) -> None:
         self.fabric.load(_without_omitted(self.ctx, directory / CHECKPOINT_FILE, "model", omit),
                          {"model": self.model, "optimizer": self.optimizer}, strict=omit is None)
+
+
+def _destroy(engine: Any) -> None:
+    """A DeepSpeed engine's `destroy()`: ZeRO's hooks and per-engine registries go with it (None: no engine)."""
+    ending = getattr(engine, "destroy", None)
+    if ending is not None:
+        ending()
 
 
 # Trainer: it owns the loop; a callback makes the probe calls `loop.train` makes.
@@ -276,6 +323,11 @@ class _Probes(Callback):
         self.step += 1
 
     def _norm(self, pl_module: LightningModule) -> tuple[float | None, str]:
+        engine = getattr(pl_module.trainer.strategy, "deepspeed_engine", None)
+        if engine is not None:
+            from . import zero
+
+            return zero.norm(engine)
         norm, pl_module.fsdp_norm = pl_module.fsdp_norm, None
         if norm is None:
             return self.tap.take()
@@ -309,10 +361,22 @@ class _TrainerRun:
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             num_sanity_val_steps=0, use_distributed_sampler=False,
             callbacks=[UnfreezeAtFirstEpoch(paths)] if paths else [])
+        self.view: ModelView | None = None
+        if _deepspeed(ctx):
+            from . import zero
 
-    def _strategy(self, model: nn.Module) -> DDPStrategy | FSDPStrategy:
-        """What a Trainer user passes for the plugin: DDP, or FSDP wrapping every block (the Trainer's defaults:
-        use_orig_params=True, a full checkpoint from rank 0)."""
+            self.trainer.callbacks.append(zero.KeepWorldClone(ctx))
+            self.save_api = (f"trainer.save_checkpoint (DeepSpeed: engine.save_checkpoint(path, tag='{zero.TAG}')"
+                             f"{zero.exclusion_words(ctx)}) at the end of epoch 0; resume: a new Trainer, "
+                             "fit(model, ckpt_path=<checkpoint folder>)")
+
+    def _strategy(self, model: nn.Module) -> Any:
+        """What a Trainer user passes for the plugin: DDP, FSDP wrapping every block (the Trainer's defaults:
+        use_orig_params=True, a full checkpoint from rank 0), or DeepSpeed (`zero.trainer_strategy`)."""
+        if _deepspeed(self.ctx):
+            from . import zero
+
+            return zero.trainer_strategy(self.ctx)
         if self.ctx.cell.key.plugin == "trainer-fsdp":
             return FSDPStrategy(auto_wrap_policy={type(block) for block in models.block_modules(model)},
                                 process_group_backend=dist.get_backend())
@@ -327,6 +391,13 @@ class _TrainerRun:
     def wrapped(self) -> ModelView:
         """The view, once the Trainer has wrapped the model and built the optimizer (inside fit)."""
         wrapped = self.trainer.strategy.model
+        if _deepspeed(self.ctx):
+            from . import zero
+
+            _observe(self.ctx.probe, "Trainer", self.trainer.strategy, wrapped, zero.WRAPPERS)
+            zero.observe(self.ctx.probe, self.trainer.strategy, wrapped)
+            self.view = zero.LightningDeepSpeedView(wrapped, zero.plugin_of(self.ctx), prefix=MODULE_PREFIX)
+            return self.view
         _observe(self.ctx.probe, "Trainer", self.trainer.strategy, wrapped)
         if isinstance(wrapped, FSDP):
             return _TrainerFSDPView(wrapped, self.trainer.optimizers)
@@ -338,6 +409,11 @@ class _TrainerRun:
         self.trainer.save_checkpoint(directory / CHECKPOINT_FILE)
 
     def saved(self, directory: Path) -> Saved:
+        if _deepspeed(self.ctx):
+            from . import zero
+
+            assert isinstance(self.view, zero.LightningDeepSpeedView), "saved before the Trainer wrapped the model"
+            return zero.saved(directory / CHECKPOINT_FILE, self.view, zero.excludes_frozen(self.ctx))
         state = load_file(directory / CHECKPOINT_FILE)
         (optimizer,) = state["optimizer_states"]
         (live,) = self.trainer.optimizers
@@ -348,6 +424,7 @@ class _TrainerRun:
 
     def close(self) -> None:
         dist.barrier()
+        _destroy(getattr(self.trainer.strategy, "deepspeed_engine", None))
 
 
 class _LateView:
