@@ -1,6 +1,6 @@
-"""The Lightning row on real 2-rank cells: the Trainer's and Fabric's DDP and FSDP (FSDP behind the CPU shim)
-judged like any wrapper, the round trip through Lightning's own checkpointing, and the two silent failures of its
-finetuning callback under DDP."""
+"""The Lightning row on real 2-rank cells: the Trainer's and Fabric's DDP, FSDP and DeepSpeed (the last two behind
+the CPU shim) judged like any wrapper, the round trip through Lightning's own checkpointing, the two silent failures
+of its finetuning callback under DDP, and the DeepSpeed checkpoint without its frozen params that it cannot resume."""
 
 from __future__ import annotations
 
@@ -83,3 +83,37 @@ def test_an_idle_branch_the_callback_unfroze_is_frozen_again_after_a_resume(pool
     verdict, _ = slices.judged(pool, cell("trainer-ddp", "unused-branch-finetuning"))
     assert verdict.status == "fail" and {f.check for f in verdict.failures} == {"resume"}, verdict.message
     assert "requires_grad after load differs from the freeze pattern: vision." in messages(verdict, "resume")
+
+
+@pytest.mark.parametrize("plugin", ["trainer-deepspeed", "trainer-deepspeed-stage-3", "fabric-deepspeed",
+                                    "fabric-deepspeed-stage-3"])
+def test_deepspeed_holds_a_frozen_embedding_and_its_round_trip(pool: RankPool, plugin: str) -> None:
+    """Lightning's DeepSpeed strategy behind the shim, read through DeepSpeed's own API: the clip norm compared (the
+    engine's, or under Fabric its ZeRO optimizer's), the round trip through DeepSpeed's folders holding every param."""
+    pytest.importorskip("deepspeed")
+    verdict, ranks = slices.judged(pool, cell(plugin, "embedding"))
+    assert verdict.status == "pass" and not verdict.unchecked, (verdict.message, verdict.unchecked)
+    lead = ranks[0].record
+    assert lead.observed["wrapper"] == "DeepSpeedEngine" and lead.observed["strategy"] == "DeepSpeedStrategy"
+    assert lead.observed["zero_stage"] == ("3" if plugin.endswith("-stage-3") else "2")
+    assert lead.emulated  # behind the shim, which said so
+    resume = lead.resume
+    assert resume is not None and resume.error is None and "engine.save_checkpoint" in resume.api
+    assert sorted(resume.saved_params) == sorted(lead.plan.names)  # frozen params too, by bare name
+
+
+@pytest.mark.parametrize("plugin", ["trainer-deepspeed-exclude-frozen", "fabric-deepspeed-exclude-frozen"])
+def test_a_checkpoint_without_the_frozen_params_is_refused_on_resume(pool: RankPool, plugin: str) -> None:
+    """Lightning 2.5.5+: exclude_frozen_parameters=True writes only what trains, and the resume loads it strictly
+    (findings/lightning-deepspeed-exclude-frozen-resume-strict-load.py); before 2.5.5 the switch does not exist."""
+    pytest.importorskip("deepspeed")
+    found = cell(plugin, "embedding")
+    if found.skip is not None:
+        assert "2.5.5" in found.skip, found.skip
+        return
+    verdict, ranks = slices.judged(pool, found)
+    assert verdict.status == "fail", verdict.message
+    assert "Missing key(s) in state_dict" in messages(verdict, "resume")
+    lead = ranks[0].record
+    assert lead.observed["exclude_frozen_parameters"] == "True"
+    assert sorted(lead.resume.saved_params) == sorted(lead.plan.trainable)  # the base left out, as asked
