@@ -294,6 +294,13 @@ def _holds_moments(tree: Any) -> bool:
     return False
 
 
+def destroy(engine: Any) -> None:
+    """`engine.destroy()` where the release has it: ZeRO's hooks and per-engine registries go with it."""
+    ending = getattr(engine, "destroy", None)
+    if ending is not None:
+        ending()
+
+
 def keep_world_clone(ctx: RunContext) -> None:
     """DeepSpeed clones the world group once per process and keeps it in a module global: made once, as in a
     user's job, and kept with the rank's default group (else the next cell would meet a destroyed group)."""

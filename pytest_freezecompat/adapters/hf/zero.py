@@ -18,7 +18,7 @@ from accelerate import Accelerator, DeepSpeedPlugin
 
 from ..base import RunContext
 from ..deepspeed_ops import missing
-from ..deepspeed_views import DeepSpeedView, Plugin, ds_config, keep_world_clone, saved_contents
+from ..deepspeed_views import DeepSpeedView, Plugin, destroy, ds_config, keep_world_clone, saved_contents
 from ..loop import Saved, train
 from ..views import optimizer_params
 from . import ZERO_PLUGINS, staged, state
@@ -78,13 +78,6 @@ def keep_trainer_groups(ctx: RunContext, args: Any) -> None:
     initialized DeepSpeed's comm, as the Trainer's constructor has it do first (`args.device`)."""
     _ = args.device
     keep_world_clone(ctx)
-
-
-def destroy(engine: Any) -> None:
-    """`engine.destroy()` where the release has it: ZeRO's hooks and per-engine registries go with it."""
-    ending = getattr(engine, "destroy", None)
-    if ending is not None:
-        ending()
 
 
 class AccelerateZeroLoop(AccelerateLoop):

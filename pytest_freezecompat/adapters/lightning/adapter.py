@@ -210,18 +210,14 @@ class _FabricLoop:
 
     def close(self) -> None:
         self.fabric.barrier()
-        _destroy(self.engine)
+        if self.engine is not None:
+            from ..deepspeed_views import destroy
+
+            destroy(self.engine)
 
     def load(self, directory: Path, omit: str | None = None) -> None:
         self.fabric.load(_without_omitted(self.ctx, directory / CHECKPOINT_FILE, "model", omit),
                          {"model": self.model, "optimizer": self.optimizer}, strict=omit is None)
-
-
-def _destroy(engine: Any) -> None:
-    """A DeepSpeed engine's `destroy()`: ZeRO's hooks and per-engine registries go with it (None: no engine)."""
-    ending = getattr(engine, "destroy", None)
-    if ending is not None:
-        ending()
 
 
 # Trainer: it owns the loop; a callback makes the probe calls `loop.train` makes.
@@ -424,7 +420,10 @@ class _TrainerRun:
 
     def close(self) -> None:
         dist.barrier()
-        _destroy(getattr(self.trainer.strategy, "deepspeed_engine", None))
+        if _deepspeed(self.ctx):
+            from ..deepspeed_views import destroy
+
+            destroy(self.trainer.strategy.deepspeed_engine)
 
 
 class _LateView:
