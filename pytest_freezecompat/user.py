@@ -32,7 +32,7 @@ from .verdict.checks import Tolerance
 
 CASE_ATTRIBUTE = "__freeze_case__"
 CONTROL = "none"
-PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused")
+PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused", "buffers")
 #: The control's group of quantized weights, which stay frozen in it (`is_quantized`).
 QUANTIZED_GROUP = f"{CONTROL}.quantized"
 CONTROL_QUANTIZED = "nothing frozen but the quantized weights, which cannot train (control)"
@@ -113,14 +113,14 @@ def _pattern(pid: str, spec: PatternSpec) -> tuple[FreezePattern, dict[str, tupl
     unknown = sorted(set(spec) - set(PATTERN_ROLES))
     if unknown or ("frozen" in spec and "trainable" in spec):
         raise CaseError(f"pattern {pid!r}: use `frozen` or `trainable` (not both), plus optional `optimizer`, "
-                        f"`unused`; got {', '.join(sorted(spec))}")
+                        f"`unused`, `buffers`; got {', '.join(sorted(spec))}")
     groups = {f"{pid}.{role}": tuple(globs) for role, globs in spec.items()}
 
     def role(key: str) -> tuple[str, ...] | None:
         return (f"{pid}.{key}",) if key in spec else None
 
     return FreezePattern(pid, frozen=role("frozen") or (), trainable=role("trainable"), optimizer=role("optimizer"),
-                         unused=role("unused") or ()), groups
+                         unused=role("unused") or (), buffers=role("buffers") or ()), groups
 
 
 def build_case(decl: CaseDeclaration) -> UserCase:

@@ -56,7 +56,7 @@ def _reference_of(cell: Cell, nudge: float = 0.0) -> RankRecord:
     initial[first] = initial[first] + nudge
     batches, loss = scenario._data(cell)
     record = RankRecord(rank=0)
-    scenario._reference(cell, import_ref(cell.adapter)(), plan, initial, batches, loss, record)
+    scenario._reference(cell, import_ref(cell.adapter)(), plan, initial, None, batches, loss, record)
     return record
 
 
@@ -123,7 +123,7 @@ def test_the_next_step_is_taken_again_at_the_stacks_own_params_only_where_they_a
     def judged_with(stack_params: dict[str, np.ndarray]) -> RankRecord:
         record = RankRecord(rank=0)
         record.steps = [StepFacts(params=stack_params), StepFacts()]
-        scenario._reference(cell, import_ref(cell.adapter)(), plan, initial, batches, loss, record)
+        scenario._reference(cell, import_ref(cell.adapter)(), plan, initial, None, batches, loss, record)
         return record
 
     same = judged_with(scenario.to_numpy(along[0].params))

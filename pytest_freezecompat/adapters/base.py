@@ -131,10 +131,7 @@ class RunContext:
         """
         dp_rank = self.rank if dp_rank is None else dp_rank
         dp_size = self.world_size if dp_size is None else dp_size
-        global_rows = next(iter(self.batches[step].values())).shape[0]
-        per_rank = global_rows // dp_size
-        rows = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
-        return {k: v[rows].to(self.device) for k, v in self.batches[step].items()}
+        return {k: v.to(self.device) for k, v in rows_of(self.batches[step], dp_rank, dp_size).items()}
 
     def eager_buffers(self) -> dict[str, torch.Tensor]:
         """The buffers of the bare model built for real on the CPU: what a meta model's buffers must hold."""
@@ -152,6 +149,19 @@ class RunContext:
             return
         with self.shim.apply(self.cell, self.probe, self.device):
             yield
+
+
+def rows_of(batch: Batch, rank: int, ranks: int) -> Batch:
+    """Data-parallel rank `rank`'s rows of a global batch: the same split for the stacks and the per-rank reference."""
+    per_rank = next(iter(batch.values())).shape[0] // ranks
+    return {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
+
+
+def buffers_of(module: nn.Module, infixes: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Every buffer of `module` by the bare model's name, whole (a DTensor buffer gathered): buffers are replicated,
+    not sharded, under DDP, FSDP and ZeRO, so each rank reads its own copy."""
+    return {strip_wrapper_infixes(name, infixes): (buffer.full_tensor() if hasattr(buffer, "full_tensor") else buffer)
+            .detach().clone() for name, buffer in module.named_buffers()}
 
 
 class Adapter(Protocol):

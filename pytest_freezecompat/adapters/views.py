@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from .base import strip_wrapper_infixes
+from .base import buffers_of, strip_wrapper_infixes
 
 #: The module names FSDP1 inserts into parameter names.
 FSDP1_INFIXES = ("_fsdp_wrapped_module",)
@@ -159,6 +159,9 @@ class ParamView:
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         return {n: None if p.grad is None else p.grad.detach().clone() for n, p in self.named_parameters().items()}
+
+    def full_buffers(self) -> dict[str, torch.Tensor]:
+        return buffers_of(self.module, self.infixes)
 
 
 def full_tensors(tensors: dict[str, Any]) -> dict[str, Any]:

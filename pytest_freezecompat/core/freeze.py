@@ -43,6 +43,9 @@ class FreezePattern:
     #: train in each of the group's params; the other rows are held by a gradient-mask hook, as users do where a
     #: stack has no per-row `requires_grad` (DeepSpeed#5041). The group's params must be trainable.
     rows: Mapping[str, str] = field(default_factory=dict)
+    #: Groups of buffer-name globs the pattern means to update although their module is frozen (BatchNorm statistics
+    #: a user re-estimates on new data): they may move. Every other buffer of a frozen module must not.
+    buffers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,18 @@ def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], na
                                    "which the pattern freezes")
             rows[name] = bounds
     return FreezePlan(names, frozenset(trainable), frozenset(optimized), frozenset(unused), rows)
+
+
+def held_buffers(owners: Mapping[str, tuple[str, ...]], trainable: Iterable[str],
+                 trained: Iterable[str]) -> tuple[str, ...]:
+    """The buffers that must not move: `owners` maps each buffer to the params of the module that owns it (or of the
+    nearest module above it with params: a `FrozenBatchNorm2d` has none); a buffer is held where those params are
+    all frozen and it matches none of the `trained` buffer globs. A user who freezes a backbone means its
+    BatchNorm statistics too: `requires_grad=False` stops the weights, not the running mean."""
+    trains, trained = set(trainable), tuple(trained)
+    return tuple(sorted(name for name, params in owners.items()
+                        if params and not trains.intersection(params)
+                        and not any(fnmatch.fnmatchcase(name, glob) for glob in trained)))
 
 
 def is_quantized(param: torch.Tensor) -> bool:

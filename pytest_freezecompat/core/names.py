@@ -26,7 +26,7 @@ CLIP_VALUES = ("clip", "no-clip")
 USER_AXES = ("model", "freeze")
 ID_SEPARATOR = "/"
 #: The checks a cell's verdict is made of, in the order they are reported.
-CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update", "resume")
+CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update", "buffers", "resume")
 #: What a failed check found, by check: a closed list the verdict writes on each failure (`kinds`), so that severity,
 #: cause and the registry read facts and a message can be reworded freely.
 FAILURE_KINDS = {
@@ -35,9 +35,10 @@ FAILURE_KINDS = {
     "grads": ("no-grad", "zeroed", "spurious", "partial", "nonfinite", "differs", "ranks-differ"),
     "grad_norm": ("norm-differs",),
     "update": ("held-moved", "update-differs", "steps-missing", "ranks-differ"),
+    "buffers": ("held-buffer-moved", "buffer-differs"),
     "resume": ("raised", "flag-after-load", "tracks-more-after-load", "tracks-less-after-load", "not-saved",
                "state-not-saved", "loaded-differs", "resumed-incomplete", "resumed-grads", "resumed-update",
-               "resumed-norm"),
+               "resumed-norm", "buffer-not-restored"),
 }
 #: Where the optimizer holds a subset of the trainable params, users write the loop in more than one correct way;
 #: the reference runs each and a cell passes if its weights follow one. The canonical loop zeroes through the
@@ -73,6 +74,8 @@ UNCHECKED = {
     "grad_norm": "clipping: the stack reports no clip norm to compare with the reference's",
     "resume": "resume: no save -> load round trip ran on this cell",
     "ranks": "every rank: another rank's grads or params were not read, so only rank 0's were judged",
+    "buffers": "buffers: the stack's model was read without its buffers (BatchNorm statistics, counters), so they "
+               "were not judged",
 }
 
 

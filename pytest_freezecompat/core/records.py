@@ -69,6 +69,8 @@ class StepFacts:
     norm: float | None = None
     norm_source: str | None = None
     params: dict[str, Any] | None = None
+    #: After the step: every buffer (BatchNorm's running statistics, counters as integers), by the bare model's name.
+    buffers: dict[str, Any] | None = None
 
 
 @dataclass
@@ -87,6 +89,7 @@ class ResumeFacts:
     requires_grad: dict[str, bool] | None = None  # after load
     tracked: tuple[str, ...] | None = None  # the resumed optimizer's set, after load
     loaded: dict[str, Any] | None = None  # rank 0: full params after load, before the next step
+    loaded_buffers: dict[str, Any] | None = None  # rank 0: buffers after load, before the next step
     steps: list[StepFacts] = field(default_factory=list)  # by step number; the steps before the save stay empty
     #: Raised while saving, loading or in a resumed step: the round trip failed (the run before it is judged).
     error: RankError | None = None
@@ -100,6 +103,10 @@ class PlanFacts:
     trainable: tuple[str, ...]
     optimized: tuple[str, ...]
     unused: tuple[str, ...]
+    #: Every buffer of the bare model, and those that must not move: a buffer of a module whose params are all frozen
+    #: (the nearest module above it that has params decides), unless the pattern declares it trained.
+    buffers: tuple[str, ...] = ()
+    held_buffers: tuple[str, ...] = ()
 
 
 @dataclass
@@ -119,6 +126,8 @@ class RankRecord:
     requires_grad: dict[str, bool] | None = None
     tracked: tuple[str, ...] | None = None
     initial: dict[str, Any] | None = None  # rank 0: params after wrapping
+    #: Every rank: buffers after wrapping; None where the adapter's view cannot read buffers.
+    initial_buffers: dict[str, Any] | None = None
     plan: PlanFacts | None = None
     reference: list[StepFacts] | None = None  # rank 0: the single-process reference's steps
     #: rank 0, low-precision cells: the same reference run as mixed precision does (the precision's own spread)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..adapters.base import LossOf, apply_freeze, cast_inputs
+from ..adapters.base import LossOf, apply_freeze, cast_inputs, rows_of
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, is_quantized
 from ..core.names import CANONICAL_LOOP, CLIP_OPTIMIZED_LOOP, MODEL_ZERO_GRAD_LOOP
@@ -36,6 +36,38 @@ class ReferenceStep:
     grads: dict[str, torch.Tensor | None]
     norm: float
     params: Tensors
+    buffers: Tensors  # rank 0's, where the reference replays each rank's rows (`shards`)
+
+
+def coupled_modules(model: nn.Module) -> list[str]:
+    """Modules in train mode that couple a batch's rows: plain BatchNorm normalises over the rows it is given, so a
+    data-parallel run (each rank its own rows) differs from one process over the whole batch, by design.
+    SyncBatchNorm promises the whole batch and is left out."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, nn.SyncBatchNorm)
+            and module.training]
+
+
+def _buffer_slots(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    """Each buffer's name -> (its module, its local name): where the per-rank replay swaps one rank's in."""
+    return {f"{owner}.{local}" if owner else local: (module, local)
+            for owner, module in model.named_modules() for local, value in module._buffers.items() if value is not None}
+
+
+def _per_rank_loss(model: nn.Module, loss_of: LossOf, batch: dict[str, torch.Tensor], states: list[Tensors],
+                   slots: dict[str, tuple[nn.Module, str]]) -> torch.Tensor:
+    """The mean of each rank's loss over its own rows, each forward with that rank's buffers (new tensor objects
+    swapped in, never written into: autograd keeps what BatchNorm saved); `states` is updated to what each rank's
+    forward left. The model keeps rank 0's buffers."""
+    losses = []
+    for rank, state in enumerate(states):
+        for name, (module, local) in slots.items():
+            module._buffers[local] = state[name]
+        losses.append(loss_of(model, rows_of(batch, rank, len(states))))
+        states[rank] = {name: module._buffers[local] for name, (module, local) in slots.items()}
+    for name, (module, local) in slots.items():
+        module._buffers[local] = states[0][name]
+    return torch.stack(losses).mean()
 
 
 def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -44,7 +76,8 @@ def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
         model: nn.Module, loss_of: LossOf, compute_dtype: torch.dtype | None = None,
-        resumed_after: int | None = None, convention: str = CANONICAL_LOOP) -> list[ReferenceStep]:
+        resumed_after: int | None = None, convention: str = CANONICAL_LOOP, buffers: Tensors | None = None,
+        shards: int = 1) -> list[ReferenceStep]:
     """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
 
     `model` is bare and single-process, with the same parameter names as the cell's model
@@ -55,6 +88,9 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     (grads of params outside the optimizer stop accumulating there).
     `convention`: how the loop zeroes and clips (`core.names.LOOP_CONVENTIONS`); it matters only where the
     optimizer holds a subset of the trainable params.
+    `buffers`: the buffers the stack's model held after wrapping, the reference's start (else the bare model's own).
+    `shards`: each step runs each of that many data-parallel ranks' rows alone, with that rank's buffers, and
+    averages their losses (a model whose rows are coupled, `coupled_modules`); the steps record rank 0's buffers.
     """
     h = cell.hyper
     with torch.no_grad():
@@ -63,9 +99,16 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             # values, not the bytes (bf16-stored 4-bit data holds NaN patterns)
             if not is_quantized(param):
                 param.copy_(initial[name].to(param.dtype))
+    slots = _buffer_slots(model)
+    for name, (module, local) in slots.items():
+        if buffers is not None and name in buffers and buffers[name].shape == module._buffers[local].shape:
+            module._buffers[local] = buffers[name].to(module._buffers[local].dtype).clone()
     if compute_dtype is not None:
         model.to(compute_dtype)
         cast_inputs(model, compute_dtype)
+    slots = _buffer_slots(model)
+    states = [{name: module._buffers[local].clone() for name, (module, local) in slots.items()}
+              for _ in range(shards)]
     apply_freeze(plan, model)
     params = dict(model.named_parameters())
     masters = params if compute_dtype is None else {
@@ -87,7 +130,7 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             if compute_dtype is not None:
                 for name in plan.optimized:
                     params[name].grad = None
-        loss = loss_of(model, batch)
+        loss = loss_of(model, batch) if shards == 1 else _per_rank_loss(model, loss_of, batch, states, slots)
         if loss.requires_grad:
             loss.backward()
         grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}
@@ -104,7 +147,9 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             with torch.no_grad():
                 for name, param in params.items():
                     param.copy_(masters[name])
-        steps.append(ReferenceStep(grads, norm, {n: p.detach().float().clone() for n, p in params.items()}))
+        steps.append(ReferenceStep(grads, norm, {n: p.detach().float().clone() for n, p in params.items()},
+                                   {name: module._buffers[local].detach().clone()
+                                    for name, (module, local) in slots.items()}))
     return steps
 
 

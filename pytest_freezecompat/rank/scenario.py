@@ -21,7 +21,7 @@ from torch import nn
 from .. import models
 from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext
 from ..core.cell import Cell
-from ..core.freeze import FreezePlan, resolve
+from ..core.freeze import FreezePlan, held_buffers, resolve
 from ..core.names import CANONICAL_LOOP, LOOP_CONVENTIONS, headline, import_ref, short_paths
 from ..core.phases import kind_of
 from ..core.records import INTERPRETER_EXITS, PlanFacts, RankError, RankRecord, ResumeFacts, StepFacts
@@ -31,6 +31,33 @@ from . import reference
 def to_numpy(tensors: dict[str, torch.Tensor | None]) -> dict[str, np.ndarray | None]:
     # float32 holds fp32/bf16/fp16 exactly, so bit-identity checks survive the trip.
     return {n: None if t is None else t.detach().to("cpu", torch.float32).numpy().copy() for n, t in tensors.items()}
+
+
+def buffers_to_numpy(buffers: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Floating-point buffers as float32 (exact for fp32/bf16/fp16), counters (`num_batches_tracked`) as int64."""
+    return {n: t.detach().to("cpu", torch.float32 if t.is_floating_point() else torch.int64).numpy().copy()
+            for n, t in buffers.items()}
+
+
+def read_buffers(view: ModelView) -> dict[str, torch.Tensor] | None:
+    """The view's buffers, or None where it cannot read them (the `buffers` check is then not run)."""
+    reader = getattr(view, "full_buffers", None)
+    return None if reader is None else reader()
+
+
+def buffer_owners(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each buffer -> the params that decide whether it is a frozen module's (`core.freeze.held_buffers`): its own
+    module's, else those of the nearest module above it that has params."""
+    params_of = {name: tuple(f"{name}.{p}" if name else p for p, _ in module.named_parameters())
+                 for name, module in model.named_modules()}
+    owners: dict[str, tuple[str, ...]] = {}
+    for name, module in model.named_modules():
+        for local, _ in module.named_buffers(recurse=False):
+            owner = name
+            while owner and not params_of.get(owner):
+                owner = owner.rpartition(".")[0]
+            owners[f"{name}.{local}" if name else local] = params_of.get(owner, ())
+    return owners
 
 
 #: The phases of the round trip start with it (`core.phases` charges them to `resume`).
@@ -46,6 +73,7 @@ class Recorder:
         self.record = RankRecord(rank=rank)
         self.step: int | None = None  # the training step under way; None during setup
         self.initial_params: dict[str, torch.Tensor] | None = None
+        self.initial_buffers: dict[str, torch.Tensor] | None = None
         self._phase_started = time.perf_counter()
         self._resumed = False
 
@@ -113,8 +141,10 @@ class Recorder:
         resume.requires_grad = view.requires_grad_flags()
         resume.tracked = tuple(sorted(view.tracked_names()))
         params = view.full_params()
+        buffers = read_buffers(view)
         if self.rank == 0:
             resume.loaded = to_numpy(params)
+            resume.loaded_buffers = None if buffers is None else buffers_to_numpy(buffers)
 
     def observed(self, fact: str, value: object) -> None:
         self.record.observed[fact] = str(value)
@@ -126,6 +156,10 @@ class Recorder:
         self.record.tracked = tuple(sorted(view.tracked_names()))
         params = view.full_params()
         self.initial_params = {n: t.detach().to("cpu", torch.float32).clone() for n, t in params.items()}
+        buffers = read_buffers(view)
+        self.initial_buffers = None if buffers is None else {n: t.detach().to("cpu").clone()
+                                                             for n, t in buffers.items()}
+        self.record.initial_buffers = None if buffers is None else buffers_to_numpy(buffers)
         if self.rank == 0:
             self.record.initial = to_numpy(params)
 
@@ -151,8 +185,10 @@ class Recorder:
     def after_step(self, step: int, view: ModelView) -> None:
         self.phase(f"step {step}: read params")
         params = view.full_params()
+        buffers = read_buffers(view)
         if self._keeps_tensors():
             self._step(step).params = to_numpy(params)
+            self._step(step).buffers = None if buffers is None else buffers_to_numpy(buffers)
 
 
 def installed_versions(distributions: tuple[str, ...]) -> dict[str, str]:
@@ -178,15 +214,19 @@ def describe_error(exc: BaseException, phase: str, rank: int, step: int | None =
 
 
 def _construct(cell: Cell, device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
-    """The bare model: the tiny reference model, or the user's factory (seeded)."""
+    """The bare model in train mode: the tiny reference model, or the user's factory (seeded). `train()` is called as
+    every training loop and trainer calls it before stepping, so a model's own override (frozen BatchNorm kept in
+    eval, the usual fix) runs for the stack's model and the reference's alike."""
     if cell.user_model is None:
-        return models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
-                            vision="vision" in cell.pattern.features, device=device, initialize=initialize)
-    torch.manual_seed(cell.hyper.seed)
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = import_ref(cell.user_model.factory)()
-    if cell.user_model.blocks:  # what FSDP's units and checkpointing's wrappers are made of (`models.block_modules`)
-        model._no_split_modules = list(cell.user_model.blocks)
+        model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
+                             vision="vision" in cell.pattern.features, device=device, initialize=initialize)
+    else:
+        torch.manual_seed(cell.hyper.seed)
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            model = import_ref(cell.user_model.factory)()
+        if cell.user_model.blocks:  # FSDP's units and checkpointing's wrappers (`models.block_modules`)
+            model._no_split_modules = list(cell.user_model.blocks)
+    model.train()
     return model
 
 
@@ -233,7 +273,8 @@ def _scalar_loss(ref: str) -> LossOf:
 
 
 def _facts(steps: list[reference.ReferenceStep]) -> list[StepFacts]:
-    return [StepFacts(grads=to_numpy(s.grads), norm=s.norm, params=to_numpy(s.params)) for s in steps]
+    return [StepFacts(grads=to_numpy(s.grads), norm=s.norm, params=to_numpy(s.params),
+                      buffers=buffers_to_numpy(s.buffers)) for s in steps]
 
 
 #: Rank 0's references and eager inits for the rank's life: cells that differ only in how the stack ran share them.
@@ -242,7 +283,7 @@ _EAGER: reference.Memo[dict[str, torch.Tensor]] = reference.Memo(size=64)
 
 
 def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str, torch.Tensor],
-               batches: list[Batch], loss: LossOf, record: RankRecord) -> None:
+               buffers: dict[str, torch.Tensor] | None, batches: list[Batch], loss: LossOf, record: RankRecord) -> None:
     own = adapter.reference_model(cell) is not None  # the framework's own model (e.g. Megatron's GPTModel)
 
     def bare() -> tuple[nn.Module, LossOf]:
@@ -253,17 +294,26 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
             return model_and_loss
         return _construct(cell, "cpu", initialize=False), loss
 
-    # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains.
+    # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains. A model
+    # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
+    # alone, the grads averaged (`reference.run`'s `shards`).
     model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
-    trains = (model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows), cell.hyper)
-    reads = reference.digest(*trains, initial, batches)  # once: the values' bytes are hashed for every variant
+    coupled = reference.coupled_modules(bare()[0])
+    shards = cell.world_size if coupled else 1
+    if coupled:
+        record.notes.append(f"reference: each rank's {cell.hyper.batch_per_rank} rows through the model alone, grads "
+                            f"averaged, as data parallelism computes it (plain BatchNorm in train mode normalises "
+                            f"each rank's rows apart: {', '.join(coupled[:3])}{' ...' if len(coupled) > 3 else ''}); "
+                            "buffers judged against rank 0's rows")
+    trains = (model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows), cell.hyper, shards)
+    reads = reference.digest(*trains, initial, buffers or {}, batches)  # once: the values' bytes are hashed
 
     def facts(compute_dtype: torch.dtype | None = None, resumed_after: int | None = None,
               convention: str = CANONICAL_LOOP) -> list[StepFacts]:
         key = reference.digest(reads, compute_dtype, resumed_after, convention)
         return _REFERENCES.get(key, lambda: _facts(reference.run(
             cell, plan, initial, batches, *bare(), compute_dtype=compute_dtype, resumed_after=resumed_after,
-            convention=convention)))
+            convention=convention, buffers=buffers, shards=shards)))
 
     record.reference = facts()
     if cell.precision in reference.LOW_PRECISION:
@@ -282,9 +332,10 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
 
     def one_step(values: dict[str, torch.Tensor], batch: Batch) -> StepFacts:
         """The reference's step on `batch` from `values`: its grads and clip norm (its update is never read)."""
-        key = reference.digest(*trains, values, batch)
+        key = reference.digest(*trains, values, buffers or {}, batch)
         [taken] = _REFERENCES.get(key, lambda: [StepFacts(grads=to_numpy(s.grads), norm=s.norm)
-                                                for s in reference.run(cell, plan, values, [batch], *bare())])
+                                                for s in reference.run(cell, plan, values, [batch], *bare(),
+                                                                       buffers=buffers, shards=shards)])
         return taken
 
     record.reference_at_own_params = [None, *(_at_own_params(record, step, batches[step], one_step, outside)
@@ -337,10 +388,12 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
     torch.manual_seed(cell.hyper.seed)
     batches, loss = _data(cell)
     plans: list[FreezePlan] = []
+    owners: list[dict[str, tuple[str, ...]]] = []
 
     def resolve_plan(model: nn.Module) -> FreezePlan:
         plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()])
         plans.append(plan)
+        owners.append(buffer_owners(model))
         return plan
 
     adapter: Adapter | None = None
@@ -359,13 +412,16 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
             record.error = describe_error(exc, record.phase, rank, recorder.step)
     if plans:
         plan = plans[0]
+        trained_buffers = [glob for group in cell.pattern.buffers for glob in cell.groups.get(group, ())]
         record.plan = PlanFacts(plan.names, tuple(sorted(plan.trainable)), tuple(sorted(plan.optimized)),
-                                tuple(sorted(plan.unused)))
+                                tuple(sorted(plan.unused)), tuple(sorted(owners[0])),
+                                held_buffers(owners[0], plan.trainable, trained_buffers))
     recorder.run_ended()
     if rank == 0 and adapter is not None and plans and recorder.initial_params is not None and record.error is None:
         recorder.phase("reference")
         try:
-            _reference(cell, adapter, plans[0], recorder.initial_params, batches, loss, record)
+            _reference(cell, adapter, plans[0], recorder.initial_params, recorder.initial_buffers, batches, loss,
+                       record)
         except Exception as exc:  # our own reference failing is an error of the cell, named as such
             record.error = describe_error(exc, "reference", rank)
     recorder.finished()

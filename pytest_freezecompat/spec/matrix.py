@@ -298,7 +298,8 @@ def _load_models(src: _Source, table: Any, models: dict[str, dict[str, tuple[str
         models[name] = {g: _str_list(src, globs, f"models.{name}.groups.{g}", g) for g, globs in groups.items()}
 
 
-PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features", "may_refuse", "rows"}
+PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features", "may_refuse", "rows",
+                "buffers"}
 
 
 def _flag(src: _Source, body: dict[str, Any], key: str, what: str) -> bool:
@@ -343,6 +344,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
             optimizer=groups("optimizer") if "optimizer" in body else None,
             unused=groups("unused"), features=groups("features"), description=str(body.get("description", "")),
             may_refuse=_flag(src, body, "may_refuse", f"freeze.{pid}"), rows=_rows(src, body, f"freeze.{pid}"),
+            buffers=groups("buffers"),
         )
     return patterns
 

@@ -9,9 +9,11 @@ reported:
   grad_norm      the norm the framework's clipping reported equals the reference's
   update         after step: params that the reference leaves alone are bit-identical, the rest match
   (every rank)   grads (but those of params outside the optimizer) and params of every other rank match rank 0's
+  buffers        after each step: a frozen module's buffers (BatchNorm statistics, counters) have not moved on any
+                 rank; rank 0's other buffers equal the reference's (rank 0's rows, where the reference runs per rank)
   resume         the model-checkpoint round trip: saved after step 0 through the stack's own API, loaded into a
                  fresh model frozen the same way, it goes on as the uninterrupted run did (flags, optimizer set,
-                 saved files, values after load, the next step's grads, norm and update)
+                 saved files, values and buffers after load, the next step's grads, norm and update)
 """
 
 from __future__ import annotations
@@ -497,6 +499,15 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         found.append(f"after load, values differ from what was saved: {_names(differ)}")
         kinds.append("loaded-differs")
         named.update(d.split(" (", 1)[0] for d in differ)
+    # A buffer the ranks hold apart (plain BatchNorm's statistics) comes back as any one rank's: the files keep one.
+    lost = [change for change in _buffers_changed(saved_at.buffers, resume.loaded_buffers, tol)
+            if not any(not _buffers_changed({name: value}, resume.loaded_buffers, tol)
+                       for record in records[1:] if resume.saved_after < len(record.steps)
+                       for name, value in (record.steps[resume.saved_after].buffers or {}).items()
+                       if name == change.split(" (", 1)[0])]
+    if lost:
+        found.append(f"after load, buffers differ from what was saved: {_names(lost)}")
+        kinds.append("buffer-not-restored")
     for step in range(resume.saved_after + 1, len(lead.steps)):
         want_step = resumed_expectation(lead.steps[step], (lead.reference or [])[step],
                                         lead.reference_resumed[step] if lead.reference_resumed else None,
@@ -523,6 +534,68 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
     if not found:
         return None
     return Problem("; ".join(found), tuple(sorted(named)), kinds=tuple(dict.fromkeys(kinds)))
+
+
+def _buffers_changed(want: dict[str, Any] | None, have: dict[str, Any] | None, tol: Tolerance,
+                     exact: Callable[[str], bool] = lambda name: True) -> list[str]:
+    """Buffers of `want` that `have` lacks or holds otherwise, each with how far: counters (integer buffers) and the
+    names `exact` picks must be bit-identical, the rest within the param tolerance (a running mean follows the
+    weights, which may differ by rounding)."""
+    if want is None or have is None:
+        return []
+    changed = []
+    for name, value in sorted(want.items()):
+        got = have.get(name)
+        if got is None or got.shape != value.shape:
+            changed.append(f"{name} (missing or wrong shape)")
+        elif not unchanged(got, value) and (exact(name) or not np.issubdtype(value.dtype, np.floating)
+                                            or not close(got, value, rtol=tol.param_rtol, atol=tol.param_atol)):
+            changed.append(f"{name} (max abs diff {float(np.max(np.abs(got.astype(np.float64) - value))):.2e})")
+    return changed
+
+
+#: What a frozen module's moving buffers mean, and the fixes users apply (each a recipe the matrix can prove).
+HELD_BUFFERS_MOVED = ("BatchNorm in train mode updates its running statistics whatever requires_grad says: keep the "
+                      "frozen modules in eval (a train() override), use FrozenBatchNorm2d, or declare the buffers "
+                      "trained (a pattern's `buffers`)")
+
+
+def _check_buffers(records: list[RankRecord], plan: PlanFacts, ref_steps: list[StepFacts], tol: Tolerance,
+                   notes: list[str]) -> list[tuple[int, str, Problem]]:
+    """A frozen module's buffers stay as wrapping left them, on every rank, at every step; rank 0's other buffers
+    follow the reference's (exactly where the reference leaves them alone: a rotary cache, a counter). Other ranks'
+    moving buffers are rank-local by design (plain BatchNorm: each rank's statistics come from its own rows): where
+    they differ from rank 0's, a note says so."""
+    found: list[tuple[int, str, Problem]] = []
+    held = set(plan.held_buffers)
+    for record in records:
+        start = {n: v for n, v in (record.initial_buffers or {}).items() if n in held}
+        for step, facts in enumerate(record.steps):
+            moved = _buffers_changed(start, facts.buffers, tol)
+            if moved:
+                found.append((step, "buffers", Problem(
+                    f"step {step}: rank {record.rank}: buffers of frozen modules moved: {_names(moved)} "
+                    f"({HELD_BUFFERS_MOVED})", tuple(sorted(n.split(" (", 1)[0] for n in moved)),
+                    kinds=("held-buffer-moved",))))
+    lead = records[0]
+    start = lead.initial_buffers or {}
+    for step, (got, want) in enumerate(zip(lead.steps, ref_steps)):
+        others = {n: v for n, v in (want.buffers or {}).items() if n not in held and n in (got.buffers or {})}
+        differ = _buffers_changed(others, got.buffers, tol,
+                                  exact=lambda n, w=want: n in start and unchanged(w.buffers[n], start[n]))
+        if differ:
+            found.append((step, "buffers", Problem(
+                f"step {step}: buffers differ from reference: {_names(differ)}",
+                tuple(sorted(n.split(" (", 1)[0] for n in differ)), kinds=("buffer-differs",))))
+    for record in records[1:]:
+        last = min(len(record.steps), len(lead.steps)) - 1
+        if last < 0:
+            continue
+        mine = {n: v for n, v in (lead.steps[last].buffers or {}).items() if n not in held}
+        if apart := _buffers_changed(mine, record.steps[last].buffers, tol):
+            notes.append(f"after step {last}, rank {record.rank}'s buffers differ from rank 0's: {_names(apart)} "
+                         "(each rank's statistics come from its own rows; a checkpoint keeps one rank's)")
+    return found
 
 
 def _norm_at(record: RankRecord, step: int) -> float | None:
@@ -608,10 +681,12 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
                          "loops tried")
     ran_all = len(lead.steps) == len(lead.reference)
     failures.extend(_ranks_disagree(records, outside, tol, rooms))
+    failures.extend(_check_buffers(records, plan, lead.reference, tol, notes))
     unchecked = [what for what, missing in (
         ("grad_norm", clips and any(step.norm is None for step in lead.steps)),
         ("resume", ran_all and cited is None and lead.resume is None),
-        ("ranks", any(step.params is None for record in records[1:] for step in record.steps[:len(lead.steps)]))
+        ("ranks", any(step.params is None for record in records[1:] for step in record.steps[:len(lead.steps)])),
+        ("buffers", bool(plan.buffers) and lead.initial_buffers is None),
     ) if missing]
     stated = {**stated_tolerance(tol, precision, rooms),
               "used": tolerance_used(lead, conventions[convention], rooms, tol, outside)}
@@ -635,7 +710,7 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     # The earliest step's first check is the root cause; later steps' problems of that check follow it.
     # Every failed check is kept, each with every param it named at any step.
     failures.sort(key=lambda f: (f[0], CHECKS.index(f[1])))
-    held = (set(plan.names) - set(plan.trainable)) | (set(plan.names) - set(plan.optimized))
+    held = (set(plan.names) - set(plan.trainable)) | (set(plan.names) - set(plan.optimized)) | set(plan.held_buffers)
     no_grad = {n for n in plan.names if all((s.grads or {}).get(n) is None for s in lead.reference)} - held
     tracked = _tracked(records)
     by_check: dict[str, CheckFailure] = {}

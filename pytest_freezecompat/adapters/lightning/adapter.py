@@ -455,12 +455,20 @@ class _LateView:
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         return self._view().full_grads()
 
+    def full_buffers(self) -> dict[str, torch.Tensor] | None:
+        """None where the view it became cannot read buffers (the check then says it did not run)."""
+        reader = getattr(self._view(), "full_buffers", None)
+        return None if reader is None else reader()
+
 
 class _TrainerFSDPView(FSDP1View):
     """The Trainer's FSDP wraps the LightningModule: names lose its child's prefix (`model.`)."""
 
     def named_parameters(self) -> dict[str, nn.Parameter]:
         return {name.removeprefix(MODULE_PREFIX): p for name, p in super().named_parameters().items()}
+
+    def full_buffers(self) -> dict[str, torch.Tensor]:
+        return {name.removeprefix(MODULE_PREFIX): b for name, b in super().full_buffers().items()}
 
     def tracked_names(self) -> set[str]:
         return {name.removeprefix(MODULE_PREFIX) for name in super().tracked_names()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 from lightning.fabric.strategies import DeepSpeedStrategy as FabricDeepSpeed
@@ -94,6 +95,9 @@ class LightningDeepSpeedView(DeepSpeedView):
 
     def named_parameters(self) -> dict[str, nn.Parameter]:
         return {name.removeprefix(self.prefix): p for name, p in super().named_parameters().items()}
+
+    def full_buffers(self) -> dict[str, torch.Tensor]:
+        return {name.removeprefix(self.prefix): b for name, b in super().full_buffers().items()}
 
 
 def saved(folder: Path, view: LightningDeepSpeedView, exclude_frozen: bool) -> Saved:
