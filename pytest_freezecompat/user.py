@@ -15,6 +15,7 @@ live at module level: rank processes import them by name.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from .verdict.checks import Tolerance
 
 CASE_ATTRIBUTE = "__freeze_case__"
 CONTROL = "none"
-PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused", "buffers")
+PATTERN_ROLES = ("frozen", "trainable", "optimizer", "unused", "buffers", "eval")
 #: The control's group of quantized weights, which stay frozen in it (`is_quantized`).
 QUANTIZED_GROUP = f"{CONTROL}.quantized"
 CONTROL_QUANTIZED = "nothing frozen but the quantized weights, which cannot train (control)"
@@ -113,14 +114,38 @@ def _pattern(pid: str, spec: PatternSpec) -> tuple[FreezePattern, dict[str, tupl
     unknown = sorted(set(spec) - set(PATTERN_ROLES))
     if unknown or ("frozen" in spec and "trainable" in spec):
         raise CaseError(f"pattern {pid!r}: use `frozen` or `trainable` (not both), plus optional `optimizer`, "
-                        f"`unused`, `buffers`; got {', '.join(sorted(spec))}")
+                        f"`unused`, `buffers`, `eval`; got {', '.join(sorted(spec))}")
     groups = {f"{pid}.{role}": tuple(globs) for role, globs in spec.items()}
 
     def role(key: str) -> tuple[str, ...] | None:
         return (f"{pid}.{key}",) if key in spec else None
 
     return FreezePattern(pid, frozen=role("frozen") or (), trainable=role("trainable"), optimizer=role("optimizer"),
-                         unused=role("unused") or (), buffers=role("buffers") or ()), groups
+                         unused=role("unused") or (), buffers=role("buffers") or (), eval=role("eval") or ()), groups
+
+
+def _check_module_globs(pid: str, groups: Mapping[str, Sequence[str]], model: nn.Module) -> None:
+    """A pattern's `buffers` globs name buffers and its `eval` globs modules: one that names nothing is a typo."""
+    for role, names in (("buffers", [n for n, _ in model.named_buffers()]),
+                        ("eval", [n for n, _ in model.named_modules()])):
+        for glob in groups.get(f"{pid}.{role}", ()):
+            if not fnmatch.filter(names, glob):
+                raise CaseError(f"freeze pattern {pid!r}: {role} glob {glob!r} matches no "
+                                f"{'buffer' if role == 'buffers' else 'module'} of the model")
+
+
+#: Modules whose forward runs on a GPU only once a process group is up (`torch/nn/modules/batchnorm.py` raises
+#: ValueError on a CPU input; DDP refuses them in a CPU module): a CPU run says so instead of calling it refused.
+CUDA_ONLY_MODULES = (nn.SyncBatchNorm,)
+
+
+def cuda_only(model: nn.Module) -> str | None:
+    """Why the model cannot train on CPU ranks, or None."""
+    found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, CUDA_ONLY_MODULES)})
+    if not found:
+        return None
+    return (f"{', '.join(found)} needs CUDA ranks (torch raises 'SyncBatchNorm expected input tensor to be on GPU' on "
+            "CPU, and DDP refuses it in a CPU module): not run on CPU; on GPUs it is judged against the whole batch")
 
 
 def build_case(decl: CaseDeclaration) -> UserCase:
@@ -156,6 +181,7 @@ def build_case(decl: CaseDeclaration) -> UserCase:
             resolve(pattern, pattern_groups, names)
         except PatternError as exc:
             raise CaseError(str(exc)) from None
+        _check_module_globs(pid, pattern_groups, model)
         patterns[pid] = pattern
         groups.update(pattern_groups)
     fields = {f.name for f in dataclasses.fields(Tolerance)}
@@ -176,4 +202,4 @@ def build_case(decl: CaseDeclaration) -> UserCase:
                     frameworks=tuple(decl.frameworks) if decl.frameworks else None,
                     plugins=tuple(decl.plugins) if decl.plugins else None,
                     init=tuple(decl.init) if decl.init else None, checkpoint=checkpoint, clip=tuple(decl.clip),
-                    tolerance={k: float(v) for k, v in decl.tolerance.items()})
+                    tolerance={k: float(v) for k, v in decl.tolerance.items()}, cuda_only=cuda_only(model))

@@ -46,6 +46,9 @@ class FreezePattern:
     #: Groups of buffer-name globs the pattern means to update although their module is frozen (BatchNorm statistics
     #: a user re-estimates on new data): they may move. Every other buffer of a frozen module must not.
     buffers: tuple[str, ...] = ()
+    #: Groups of module-name globs put in eval mode once, after `model.train()` and before wrapping: the recipe users
+    #: apply to frozen norms (`backbone.eval()`); a trainer that calls `model.train()` again undoes it.
+    eval: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ build the model -> freeze (before wrapping) -> checkpoint mode -> adapter.run
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import importlib.metadata
 import time
@@ -227,6 +228,10 @@ def _construct(cell: Cell, device: str | torch.device | None = None, initialize:
         if cell.user_model.blocks:  # FSDP's units and checkpointing's wrappers (`models.block_modules`)
             model._no_split_modules = list(cell.user_model.blocks)
     model.train()
+    evaluated = [glob for group in cell.pattern.eval for glob in cell.groups.get(group, ())]
+    for name, module in model.named_modules():
+        if any(fnmatch.fnmatchcase(name, glob) for glob in evaluated):
+            module.eval()
     return model
 
 

@@ -299,7 +299,7 @@ def _load_models(src: _Source, table: Any, models: dict[str, dict[str, tuple[str
 
 
 PATTERN_KEYS = {"description", "frozen", "trainable", "optimizer", "unused", "features", "may_refuse", "rows",
-                "buffers"}
+                "buffers", "eval"}
 
 
 def _flag(src: _Source, body: dict[str, Any], key: str, what: str) -> bool:
@@ -344,7 +344,7 @@ def _load_patterns(src: _Source, table: Any) -> dict[str, FreezePattern]:
             optimizer=groups("optimizer") if "optimizer" in body else None,
             unused=groups("unused"), features=groups("features"), description=str(body.get("description", "")),
             may_refuse=_flag(src, body, "may_refuse", f"freeze.{pid}"), rows=_rows(src, body, f"freeze.{pid}"),
-            buffers=groups("buffers"),
+            buffers=groups("buffers"), eval=groups("eval"),
         )
     return patterns
 

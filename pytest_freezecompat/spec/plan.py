@@ -132,6 +132,8 @@ def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str
         if "exclude" in effects:
             continue
         skip = effects.get("skip")
+        if user is not None and user.cuda_only and device == "cpu":
+            skip = user.cuda_only
         if missing:
             skip = (f"{fw.name} is not importable in this environment ({missing}); "
                     f"its environment is {release.environment!r}")
@@ -193,6 +195,8 @@ class UserCase:
     checkpoint: tuple[str, ...] | None = None
     clip: tuple[str, ...] | None = (LATER_AXES["clip"],)  # a case clips unless it asks for `no-clip` too
     tolerance: dict[str, float] = field(default_factory=dict)
+    #: Why the model trains on CUDA ranks only (`user.cuda_only`): its cells on a CPU run are skipped with it.
+    cuda_only: str | None = None
 
 
 def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, environment: str | None = None,
