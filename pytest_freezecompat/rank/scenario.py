@@ -285,6 +285,8 @@ def _facts(steps: list[reference.ReferenceStep]) -> list[StepFacts]:
 #: Rank 0's references and eager inits for the rank's life: cells that differ only in how the stack ran share them.
 _REFERENCES: reference.Memo[list[StepFacts]] = reference.Memo()
 _EAGER: reference.Memo[dict[str, torch.Tensor]] = reference.Memo(size=64)
+#: Which modules of a model (built as a pattern's `eval` leaves it) couple a batch's rows (`reference.coupled_modules`).
+_COUPLED: reference.Memo[list[str]] = reference.Memo(size=64)
 
 
 def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str, torch.Tensor],
@@ -303,7 +305,8 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
     # alone, the grads averaged (`reference.run`'s `shards`).
     model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
-    coupled = reference.coupled_modules(bare()[0])
+    coupled = _COUPLED.get(reference.digest(model, cell.pattern, dict(cell.groups)),
+                           lambda: reference.coupled_modules(bare()[0]))
     shards = cell.world_size if coupled else 1
     if coupled:
         record.notes.append(f"reference: each rank's {cell.hyper.batch_per_rank} rows through the model alone, grads "
