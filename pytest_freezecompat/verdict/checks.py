@@ -537,10 +537,11 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
 
 
 def _buffers_changed(want: dict[str, Any] | None, have: dict[str, Any] | None, tol: Tolerance,
-                     exact: Callable[[str], bool] = lambda name: True) -> list[str]:
+                     exact: Callable[[str], bool] = lambda name: True,
+                     room: Callable[[str], float] = lambda name: 0.0) -> list[str]:
     """Buffers of `want` that `have` lacks or holds otherwise, each with how far: counters (integer buffers) and the
     names `exact` picks must be bit-identical, the rest within the param tolerance (a running mean follows the
-    weights, which may differ by rounding)."""
+    weights, which may differ by rounding) plus `room` (a low-precision cell's measured spread)."""
     if want is None or have is None:
         return []
     changed = []
@@ -549,7 +550,8 @@ def _buffers_changed(want: dict[str, Any] | None, have: dict[str, Any] | None, t
         if got is None or got.shape != value.shape:
             changed.append(f"{name} (missing or wrong shape)")
         elif not unchanged(got, value) and (exact(name) or not np.issubdtype(value.dtype, np.floating)
-                                            or not close(got, value, rtol=tol.param_rtol, atol=tol.param_atol)):
+                                            or not close(got, value, rtol=tol.param_rtol,
+                                                         atol=tol.param_atol + room(name))):
             changed.append(f"{name} (max abs diff {float(np.max(np.abs(got.astype(np.float64) - value))):.2e})")
     return changed
 
@@ -563,9 +565,10 @@ HELD_BUFFERS_MOVED = ("BatchNorm in train mode updates its running statistics wh
 def _check_buffers(records: list[RankRecord], plan: PlanFacts, ref_steps: list[StepFacts], tol: Tolerance,
                    notes: list[str]) -> list[tuple[int, str, Problem]]:
     """A frozen module's buffers stay as wrapping left them, on every rank, at every step; rank 0's other buffers
-    follow the reference's (exactly where the reference leaves them alone: a rotary cache, a counter). Other ranks'
-    moving buffers are rank-local by design (plain BatchNorm: each rank's statistics come from its own rows): where
-    they differ from rank 0's, a note says so."""
+    follow the reference's (exactly where the reference leaves them alone: a rotary cache, a counter; a low-precision
+    cell with its precision's measured spread, as params). Other ranks' moving buffers are rank-local by design
+    (plain BatchNorm: each rank's statistics come from its own rows): where they differ from rank 0's, a note says
+    so."""
     found: list[tuple[int, str, Problem]] = []
     held = set(plan.held_buffers)
     for record in records:
@@ -579,10 +582,15 @@ def _check_buffers(records: list[RankRecord], plan: PlanFacts, ref_steps: list[S
                     kinds=("held-buffer-moved",))))
     lead = records[0]
     start = lead.initial_buffers or {}
+    mixed = lead.reference_mixed or []
     for step, (got, want) in enumerate(zip(lead.steps, ref_steps)):
         others = {n: v for n, v in (want.buffers or {}).items() if n not in held and n in (got.buffers or {})}
+        spread = {n: SPREAD_FACTOR * float(np.max(np.abs(m - others[n]), initial=0.0))
+                  for n, m in ((mixed[step].buffers or {}).items() if step < len(mixed) else ())
+                  if n in others and m.shape == others[n].shape}
         differ = _buffers_changed(others, got.buffers, tol,
-                                  exact=lambda n, w=want: n in start and unchanged(w.buffers[n], start[n]))
+                                  exact=lambda n, w=want: n in start and unchanged(w.buffers[n], start[n]),
+                                  room=lambda n, s=spread: s.get(n, 0.0))
         if differ:
             found.append((step, "buffers", Problem(
                 f"step {step}: buffers differ from reference: {_names(differ)}",
