@@ -25,8 +25,9 @@ CLIP_VALUES = ("clip", "no-clip")
 #: Axes whose values a user's `@freeze_case` adds (its model's name, its patterns), known only once collected.
 USER_AXES = ("model", "freeze")
 ID_SEPARATOR = "/"
-#: The checks a cell's verdict is made of, in the order they are reported.
-CHECKS = ("requires_grad", "optimizer", "grads", "grad_norm", "update", "buffers", "resume")
+#: The checks a cell's verdict is made of, in the order they are reported. Buffers move in a step's forward, before
+#: its grads: a norm left in train mode shows there first, and the grads it changes follow from it.
+CHECKS = ("requires_grad", "optimizer", "buffers", "grads", "grad_norm", "update", "resume")
 #: What a failed check found, by check: a closed list the verdict writes on each failure (`kinds`), so that severity,
 #: cause and the registry read facts and a message can be reworded freely.
 FAILURE_KINDS = {

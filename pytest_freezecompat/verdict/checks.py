@@ -5,12 +5,12 @@ crash (a rank died), skip (decided at planning). The checks, in the order they a
 reported:
   requires_grad  flags after wrapping equal the freeze pattern's
   optimizer      the optimizer tracks exactly the intended params, by original name
+  buffers        after each step: a frozen module's buffers (BatchNorm statistics, counters) have not moved on any
+                 rank; rank 0's other buffers equal the reference's (rank 0's rows, where the reference runs per rank)
   grads          after backward: full, finite, equal to the reference; none where the reference has none
   grad_norm      the norm the framework's clipping reported equals the reference's
   update         after step: params that the reference leaves alone are bit-identical, the rest match
   (every rank)   grads (but those of params outside the optimizer) and params of every other rank match rank 0's
-  buffers        after each step: a frozen module's buffers (BatchNorm statistics, counters) have not moved on any
-                 rank; rank 0's other buffers equal the reference's (rank 0's rows, where the reference runs per rank)
   resume         the model-checkpoint round trip: saved after step 0 through the stack's own API, loaded into a
                  fresh model frozen the same way, it goes on as the uninterrupted run did (flags, optimizer set,
                  saved files, values and buffers after load, the next step's grads, norm and update)
