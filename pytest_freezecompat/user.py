@@ -28,6 +28,7 @@ from . import models
 from .core.cell import UserModel
 from .core.freeze import FreezePattern, PatternError, is_quantized, resolve
 from .core.names import VALUE_RE, import_ref, ref_of
+from .core.ties import ties_of
 from .spec.plan import UserCase
 from .verdict.checks import Tolerance
 
@@ -166,6 +167,7 @@ def build_case(decl: CaseDeclaration) -> UserCase:
     refs = UserModel(_ref(decl.factory, "the model factory"), _ref(decl.batch, "batch"), _ref(decl.loss, "loss"),
                      tuple(blocks))
     names = [n for n, _ in model.named_parameters()]
+    ties = ties_of(model.named_parameters(remove_duplicate=False))  # the constructor's ties hold on meta too
     if not decl.patterns:
         raise CaseError("no freeze pattern declared")
     # The control of every column: nothing frozen. A red cell whose control fails the same way is the
@@ -178,7 +180,7 @@ def build_case(decl: CaseDeclaration) -> UserCase:
     for pid, spec in decl.patterns.items():
         pattern, pattern_groups = _pattern(pid, spec)
         try:
-            resolve(pattern, pattern_groups, names)
+            resolve(pattern, pattern_groups, names, ties)
         except PatternError as exc:
             raise CaseError(str(exc)) from None
         _check_module_globs(pid, pattern_groups, model)

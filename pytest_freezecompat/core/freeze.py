@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .names import ALL_GROUP, import_ref
+from .ties import Ties, alias_hint
 
 if TYPE_CHECKING:  # this module is pure: torch only for the annotation
     import torch
@@ -86,7 +87,7 @@ def parse_rows(text: str) -> RowRange:
 
 
 def _names_in_groups(groups: Iterable[str], group_globs: Mapping[str, Iterable[str]],
-                     names: Iterable[str], pattern_id: str) -> set[str]:
+                     names: Iterable[str], pattern_id: str, ties: Ties) -> set[str]:
     names = list(names)
     selected: set[str] = set()
     for group in groups:
@@ -102,30 +103,34 @@ def _names_in_groups(groups: Iterable[str], group_globs: Mapping[str, Iterable[s
             hits = fnmatch.filter(names, glob)
             if not hits:
                 raise PatternError(
-                    f"freeze pattern {pattern_id!r}: glob {glob!r} of group {group!r} matches no parameter")
+                    f"freeze pattern {pattern_id!r}: glob {glob!r} of group {group!r} matches no parameter"
+                    f"{alias_hint(glob, ties)}")
             selected.update(hits)
     return selected
 
 
-def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], names: Iterable[str]) -> FreezePlan:
-    names = tuple(names)
+def resolve(pattern: FreezePattern, group_globs: Mapping[str, Iterable[str]], names: Iterable[str],
+            ties: Ties | None = None) -> FreezePlan:
+    """`names` as `named_parameters()` lists them; `ties`: the model's aliases (`core.ties`), which they leave out,
+    so that a glob naming only an alias says which name to use."""
+    names, ties = tuple(names), ties or {}
     if pattern.predicate is not None:
         is_trainable = import_ref(pattern.predicate)
         trainable = {n for n in names if is_trainable(n)}
     elif pattern.trainable is not None:
-        trainable = _names_in_groups(pattern.trainable, group_globs, names, pattern.id)
+        trainable = _names_in_groups(pattern.trainable, group_globs, names, pattern.id, ties)
     else:
-        trainable = set(names) - _names_in_groups(pattern.frozen, group_globs, names, pattern.id)
+        trainable = set(names) - _names_in_groups(pattern.frozen, group_globs, names, pattern.id, ties)
     optimized = (
-        _names_in_groups(pattern.optimizer, group_globs, names, pattern.id)
+        _names_in_groups(pattern.optimizer, group_globs, names, pattern.id, ties)
         if pattern.optimizer is not None
         else trainable
     )
-    unused = _names_in_groups(pattern.unused, group_globs, names, pattern.id)
+    unused = _names_in_groups(pattern.unused, group_globs, names, pattern.id, ties)
     rows: dict[str, RowRange] = {}
     for group, text in pattern.rows.items():
         bounds = parse_rows(text)
-        for name in sorted(_names_in_groups([group], group_globs, names, pattern.id)):
+        for name in sorted(_names_in_groups([group], group_globs, names, pattern.id, ties)):
             if name not in trainable:
                 raise PatternError(f"freeze pattern {pattern.id!r}: rows of group {group!r} train in {name}, "
                                    "which the pattern freezes")

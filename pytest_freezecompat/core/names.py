@@ -31,7 +31,7 @@ CHECKS = ("requires_grad", "optimizer", "buffers", "grads", "grad_norm", "update
 #: What a failed check found, by check: a closed list the verdict writes on each failure (`kinds`), so that severity,
 #: cause and the registry read facts and a message can be reworded freely.
 FAILURE_KINDS = {
-    "requires_grad": ("flag-changed",),
+    "requires_grad": ("flag-changed", "untied"),
     "optimizer": ("tracks-unintended", "misses-trained"),
     "grads": ("no-grad", "zeroed", "spurious", "partial", "nonfinite", "differs", "ranks-differ"),
     "grad_norm": ("norm-differs",),

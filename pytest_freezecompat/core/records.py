@@ -129,6 +129,8 @@ class RankRecord:
     #: Every rank: buffers after wrapping; None where the adapter's view cannot read buffers.
     initial_buffers: dict[str, Any] | None = None
     plan: PlanFacts | None = None
+    #: The bare model's aliases, each with its tensor's first name (`core.ties`), read before wrapping.
+    tied: dict[str, str] = field(default_factory=dict)
     reference: list[StepFacts] | None = None  # rank 0: the single-process reference's steps
     #: rank 0, low-precision cells: the same reference run as mixed precision does (the precision's own spread)
     reference_mixed: list[StepFacts] | None = None
@@ -249,6 +251,8 @@ class CellRecord:
     observed: dict[str, str] = field(default_factory=dict)
     #: Installed versions of torch, the framework and its companions, as the ranks imported them.
     versions: dict[str, str] = field(default_factory=dict)
+    #: The model's tied and shared params as the ranks built it (`core.ties.stated`): `head.weight = tok_emb.weight`.
+    tied: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -263,7 +267,7 @@ class CellRecord:
                          "round_trip_of", "severity", "tolerance", "error", "commit"):
             if data[optional] is None:
                 del data[optional]
-        for listed in ("differences", "unchecked", "observed", "versions"):
+        for listed in ("differences", "unchecked", "observed", "versions", "tied"):
             if not data[listed]:
                 del data[listed]
         return data

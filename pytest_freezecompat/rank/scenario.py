@@ -26,6 +26,7 @@ from ..core.freeze import FreezePlan, held_buffers, resolve
 from ..core.names import CANONICAL_LOOP, LOOP_CONVENTIONS, headline, import_ref, short_paths
 from ..core.phases import kind_of
 from ..core.records import INTERPRETER_EXITS, PlanFacts, RankError, RankRecord, ResumeFacts, StepFacts
+from ..core.ties import ties_of
 from . import reference
 
 
@@ -399,7 +400,11 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
     owners: list[dict[str, tuple[str, ...]]] = []
 
     def resolve_plan(model: nn.Module) -> FreezePlan:
-        plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()])
+        """The bare model's plan; its ties are read here too, before any wrapper or materialization can break them."""
+        ties = ties_of(model.named_parameters(remove_duplicate=False))
+        plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()], ties)
+        if not plans:
+            record.tied = ties
         plans.append(plan)
         owners.append(buffer_owners(model))
         return plan

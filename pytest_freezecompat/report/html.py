@@ -65,7 +65,7 @@ SHAPES: dict[str, tuple[tuple[str, str], ...]] = {
              ("grad_access", "s"), ("grad_norm_source", "s"), ("resume", "s"), ("resume_api", "s"),
              ("round_trip_of", "s"), ("message", "s"), ("notes", "S"), ("severity", "s"), ("convention", "s"),
              ("differences", "S"), ("unchecked", "S"), ("tolerance", "s"),
-             ("stack", "s"), ("versions", "s"), ("cpu_only", "s"),
+             ("stack", "s"), ("versions", "s"), ("tied", "S"), ("cpu_only", "s"),
              ("known_issue", "k"), ("repro", "r"), ("failures", "[failure]"), ("rank_details", "[rank]"),
              ("instead", "[instead]"), ("workarounds", "[workaround]")),
     "instead": (("change", "s"), ("cell", "s"), ("severity", "s")),

@@ -80,7 +80,7 @@ CELL = Table(
               "round_trip_of": "string", "convention": "string", "differences": STRINGS, "severity": "string",
               "instead": ListOf(INSTEAD), "workarounds": ListOf(PROOF), "unchecked": STRINGS, "tolerance": Table(),
               "error": Table(required={"type": "string", "message": "string"}),
-              "commit": "string", "observed": Table(), "versions": Table(),
+              "commit": "string", "observed": Table(), "versions": Table(), "tied": STRINGS,
               **dict.fromkeys(LATER_AXES, "string")})
 #: An `environments` value (`environment_info`).
 #: `run`: who made these cells (plugin version, the checkout's commit, when, the command line); `axes`: every axis's

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import ties
 from ..core.cell import Cell
 from ..core.messages import RENDEZVOUS_PHASE
 from ..core.names import CANONICAL_LOOP, CHECKS, CLIP_OPTIMIZED_LOOP
@@ -262,16 +263,23 @@ def _clip(text: str) -> str:
     return text if len(text) <= DETAIL_CHARS else "..." + text[-DETAIL_CHARS:]
 
 
-def _check_flags(records: list[RankRecord], trainable: set[str]) -> Problem | None:
+def _check_flags(records: list[RankRecord], trainable: set[str], init: str) -> Problem | None:
+    """The flags after wrapping against the pattern's, and every alias of the bare model (`core.ties`) that wrapping
+    or `init` made a param of its own: its two copies no longer share what they learn."""
     changed: dict[str, str] = {}
+    untied: dict[str, str] = {}
     for record in records:
         for name, flag in (record.requires_grad or {}).items():
-            if flag != (name in trainable):
-                changed[name] = f"{name} ({name in trainable}->{flag})"
-    if not changed:
+            if name in record.tied:
+                untied[name] = ties.untied_reason(name, record.tied[name], init, record.observed)
+            if flag != (want := ties.trains(name, trainable, record.tied)):
+                changed[name] = f"{name} ({want}->{flag})"
+    parts = [f"requires_grad changed by wrapping: {_names(changed.values())}"] if changed else []
+    parts.extend(untied[name] for name in sorted(untied))
+    if not parts:
         return None
-    return Problem(f"requires_grad changed by wrapping: {_names(changed.values())}", tuple(sorted(changed)),
-                   kinds=("flag-changed",))
+    kinds = ("flag-changed",) * bool(changed) + ("untied",) * bool(untied)
+    return Problem("; ".join(parts), tuple(sorted(changed.keys() | untied.keys())), kinds=kinds)
 
 
 def _tracked(records: list[RankRecord]) -> set[str]:
@@ -460,7 +468,7 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         named.update(params)
 
     changed = {n for r in records for n, flag in ((r.resume.requires_grad or {}) if r.resume else {}).items()
-               if flag != (n in trainable)}
+               if flag != ties.trains(n, trainable, r.tied)}
     if changed:
         finding("flag-after-load", "requires_grad after load differs from the freeze pattern", changed)
     before = _tracked(records)
@@ -622,11 +630,12 @@ def _same(values: list[Any]) -> Any:
 
 def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = False,
                   tolerance: dict[str, float] | None = None, lr: float = 1e-2, clips: bool = True,
-                  cited: RoundTrip | None = None) -> Verdict:
+                  cited: RoundTrip | None = None, init: str = "eager") -> Verdict:
     """Verdict for a cell whose ranks all replied; `tolerance` overrides fields of the precision's.
 
     `may_refuse`: the freeze pattern leaves nothing to train, so an error before the first step passes.
     `clips`: False for a `no-clip` cell, which has no clip norm to compare (grads and updates still are).
+    `init`: the cell's; a tie that `meta` materialization broke is named as such.
     """
     errors = [r.error for r in records if r.error is not None]
     if errors:
@@ -654,7 +663,7 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
             notes.append(f"step {step}: {precision} judged with {SPREAD_FACTOR:g}x its measured spread (widest "
                          f"relative grad spread {room.spread:.2e}, norm room {room.norm:.2e})")
     flags = [(-1, check, problem) for check, problem in (
-        ("requires_grad", _check_flags(records, set(plan.trainable))),
+        ("requires_grad", _check_flags(records, set(plan.trainable), init)),
         ("optimizer", _check_tracked(records, set(plan.optimized)))) if problem]
     # Params that require grad but that no optimizer steps: their grads reach no weight (they may accumulate, be
     # zeroed or stay rank-local under a correct loop); that they never move is the update check's business.
@@ -918,7 +927,7 @@ def _judge_run(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | No
     may_refuse, lr = cell.pattern.may_refuse, cell.hyper.lr
     if run.outcome is Outcome.DONE:
         return judge_records([s.record for s in run.ranks if s.record is not None], cell.precision, may_refuse,
-                             cell.tolerance, lr, cell.hyper.clips, cited)
+                             cell.tolerance, lr, cell.hyper.clips, cited, cell.key.init)
     if run.outcome is Outcome.TIMEOUT:
         phases = "; ".join(f"rank {s.rank}: {s.phase}" for s in run.ranks)
         return Verdict(Status.TIMEOUT, None, f"no result within {timeout_s:.0f} s ({phases})",
@@ -933,7 +942,7 @@ def _judge_run(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | No
     lead = run.ranks[0].record
     if failed.error is None and lead is not None:  # the round trip raised after a finished run: judge the run
         verdict = judge_records([s.record for s in run.ranks if s.record is not None], cell.precision, may_refuse,
-                                cell.tolerance, lr, cell.hyper.clips)
+                                cell.tolerance, lr, cell.hyper.clips, init=cell.key.init)
         verdict.failures = [dataclasses.replace(f, message=f"{f.message}; left waiting: {stuck}")
                             if f.check == "resume" else f for f in verdict.failures]
         if verdict.failures:
@@ -952,7 +961,8 @@ def _judge_run(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | No
 
 
 def run_facts(run: CellRun, cell: Cell) -> dict[str, Any]:
-    """What the report shows besides the verdict: emulation that engaged, where grads and the norm come from."""
+    """What the report shows besides the verdict: emulation that engaged, where grads and the norm come from, the
+    model's ties."""
     replied = [s.record for s in run.ranks if s.record is not None]
     lead = run.ranks[0].record
     sources = {s.norm_source for s in (lead.steps if lead else []) if s.norm_source}
@@ -962,7 +972,8 @@ def run_facts(run: CellRun, cell: Cell) -> dict[str, Any]:
             "grad_access": lead.grad_access if lead else None,
             "grad_norm_source": ", ".join(sorted(sources)) or None,
             "resume_api": lead.resume.api if lead and lead.resume and lead.resume.api else None,
-            "observed": stack.observed_stack(replied), "versions": stack.row_versions(replied)}
+            "observed": stack.observed_stack(replied), "versions": stack.row_versions(replied),
+            "tied": ties.stated(next((r.tied for r in replied if r.tied), {}))}
 
 
 def rank_details(run: CellRun) -> list[dict[str, Any]]:

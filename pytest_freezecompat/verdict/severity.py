@@ -26,9 +26,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-#: Kinds of a failure that change no weight: a flag, an optimizer that holds more than it should (it costs memory;
-#: a held param it then moves fails the update check), the same after a resume.
-WITHOUT_HARM = {"requires_grad": {"flag-changed"}, "optimizer": {"tracks-unintended"},
+#: Kinds of a failure that change no weight: a flag, a tie split (what its copies then learn is the grads and update
+#: checks' business), an optimizer that holds more than it should (it costs memory; a held param it then moves fails
+#: the update check), the same after a resume.
+WITHOUT_HARM = {"requires_grad": {"flag-changed", "untied"}, "optimizer": {"tracks-unintended"},
                 "resume": {"flag-after-load", "tracks-more-after-load"}}
 #: Checks whose failure reaches the weights only through an optimizer that holds a param it names.
 THROUGH_THE_OPTIMIZER = ("grads",)

@@ -169,6 +169,7 @@
     add(dl, 'stack as it ran', c.stack || 'not observed (refused before the stack was built, or a report written '
       + 'before the stack was recorded)');
     add(dl, 'versions', c.versions);
+    if (c.tied.length) add(dl, 'tied (one tensor)', c.tied.join('; '));
     body.append(dl);
     if (c.unchecked.length) {
       const ul = el('ul');
