@@ -439,8 +439,9 @@ class MatrixSession:
         if self._builtin_left:
             terminalreporter.write_line("built-in matrix: not run (your @freeze_case models ran; "
                                         "--freeze-matrix-builtin adds it)")
-        for why in self.run.missing_frameworks(reported_only=True).values():
-            terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework
+        for why in (*self.run.missing_frameworks(reported_only=True).values(),
+                    *self.run.missing_packages().values()):
+            terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework, per package
         if self._report_paths:
             terminalreporter.write_line(f"report: {self._report_line}")
             for path in self._report_paths:
