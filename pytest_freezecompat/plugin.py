@@ -318,6 +318,9 @@ class MatrixSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
         report = yield
+        if report.failed and isinstance(collector, pytest.Module) and _declares_cases(collector.path):
+            # Its cases are unknown: its collection error is the run's answer, never the built-in matrix instead.
+            self._builtin_left = not self.options.builtin
         # The built-in matrix is one more child of the session, collected like a test file.
         if isinstance(collector, pytest.Session) and report.passed and self._matrix_on:
             report.result.append(MatrixCollector.from_parent(collector, name="freeze-matrix", nodeid="freeze-matrix",
@@ -350,8 +353,9 @@ class MatrixSession:
             return None
         cells = Counter(item.cell.user_model is not None for item in items if isinstance(item, MatrixItem))
         said = [f"{cells[True]} of your @freeze_case models"] if cells[True] else []
-        said += [f"{cells[False]} of the built-in matrix"] if cells[False] or not cells[True] else []
-        return [f"freeze-matrix cells: {', '.join(said)}"]
+        said += [f"{cells[False]} of the built-in matrix"] if cells[False] or not (cells[True] or self._builtin_left) \
+            else []
+        return [f"freeze-matrix cells: {', '.join(said) or 'none'}"]
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -435,8 +439,9 @@ class MatrixSession:
         if self._builtin_left:
             terminalreporter.write_line("built-in matrix: not run (your @freeze_case models ran; "
                                         "--freeze-matrix-builtin adds it)")
-        for why in self.run.missing_frameworks(reported_only=True).values():
-            terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework
+        for why in (*self.run.missing_frameworks(reported_only=True).values(),
+                    *self.run.missing_packages().values()):
+            terminalreporter.write_line(f"skipped: {why}", yellow=True)  # one line per framework, per package
         if self._report_paths:
             terminalreporter.write_line(f"report: {self._report_line}")
             for path in self._report_paths:

@@ -52,3 +52,17 @@ def test_a_framework_not_installed_is_said_once_and_leaves_no_cells(pytester, mo
     cells = json.loads((pytester.path / "report" / "matrix.json").read_text())["cells"]
     assert cells and {cell["framework"] for cell in cells} == {"torch"}
     assert result.stdout.str().count("skipped: deepspeed is not importable") == 1
+
+
+def test_a_case_file_that_fails_to_import_is_a_collection_error_and_nothing_runs(pytester, monkeypatch):
+    """Its cases are unknown, so the built-in matrix does not stand in for them (it did: 4255 cells collected)."""
+    monkeypatch.delenv("FREEZECOMPAT_ENVIRONMENT", raising=False)
+    pytester.makepyfile(test_mine="import not_a_module_here\nfrom pytest_freezecompat import freeze_case\n")
+    for extra in ((), ("--continue-on-collection-errors",)):
+        result = pytester.runpytest_subprocess("--freeze-matrix", "--freeze-matrix-report=report", "-p",
+                                               "no:cacheprovider", *extra)
+        assert result.ret == (pytest.ExitCode.INTERRUPTED if not extra else pytest.ExitCode.TESTS_FAILED)
+        result.assert_outcomes(errors=1)
+        result.stdout.fnmatch_lines(["collected 0 items / 1 error", "freeze-matrix cells: none",
+                                     "*ERROR collecting test_mine.py*",
+                                     "E   ModuleNotFoundError: No module named 'not_a_module_here'"])

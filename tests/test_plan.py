@@ -2,8 +2,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_freezecompat.core.cell import UserModel
+from pytest_freezecompat.core.freeze import FreezePattern
 from pytest_freezecompat.spec import matrix as spec
-from pytest_freezecompat.spec.plan import Selection, SelectionError, plan, why_not_importable
+from pytest_freezecompat.spec.plan import Selection, SelectionError, UserCase, plan, user_cells, why_not_importable
 
 MATRIX = """
 schema = 1
@@ -107,3 +109,90 @@ def test_a_folder_named_like_a_framework_is_not_the_framework(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "only a namespace folder" in why_not_importable("fakeframework")
     assert why_not_importable("json") is None
+
+
+NEEDY = """
+schema = 1
+[models.m.groups]
+body = ["body.*"]
+[freeze.none]
+[frameworks.needy]
+adapter = "toy_adapters:NEEDY"
+import = "json"
+models = ["m"]
+plugins = ["plain", "ddp", "zero"]
+init = ["eager"]
+checkpoint = ["none"]
+freeze = ["none"]
+user_models = true
+[[frameworks.needy.rule]]
+when = {plugin = "zero"}
+skip = "a rule's own reason"
+"""
+
+
+def only(*modules):
+    """`importable` as planning asks it, where only `modules` (and the framework, json) are installed."""
+    return lambda module: None if module in (*modules, "json") else f"No module named {module!r}"
+
+
+@pytest.fixture
+def needy(tmp_path: Path) -> spec.Spec:
+    path = tmp_path / "matrix.toml"
+    path.write_text(NEEDY)
+    return spec.load(path)
+
+
+def test_a_plugin_whose_package_is_missing_is_skipped_with_what_installs_it(needy):
+    skips = {c.key.plugin: c.skip for c in plan(needy, Selection({}), world_size=2, device="cpu",
+                                                importable=only())}
+    assert skips == {"plain": None, "ddp": "plugin ddp needs `extra_mod`: pip install extra-pkg",
+                     "zero": "plugin zero needs `extra_mod` and `engine_mod`: pip install extra-pkg engine"}
+    partly = {c.key.plugin: c.skip for c in plan(needy, Selection({}), world_size=2, device="cpu",
+                                                 importable=only("extra_mod"))}
+    assert partly == {"plain": None, "ddp": None, "zero": "plugin zero needs `engine_mod`: pip install engine"}
+    installed = {c.key.plugin: c.skip for c in plan(needy, Selection({}), world_size=2, device="cpu",
+                                                    importable=only("extra_mod", "engine_mod"))}
+    assert installed == {"plain": None, "ddp": None, "zero": "a rule's own reason"}
+
+
+def test_a_missing_framework_is_the_reason_before_its_plugins_packages(needy):
+    cells = plan(needy, Selection({}), world_size=2, device="cpu", importable=lambda module: "not here")
+    assert all(c.skip.startswith("needy is not importable") for c in cells) and len(cells) == 3
+
+
+def test_a_users_case_skips_the_same_way(needy):
+    case = UserCase("mine", UserModel("m:build", "m:batch", "m:loss"), {"none": FreezePattern("none")}, {})
+    skips = {c.key.plugin: c.skip for c in user_cells(needy, case, world_size=2, device="cpu", importable=only())}
+    assert skips["plain"] is None and skips["ddp"] == "plugin ddp needs `extra_mod`: pip install extra-pkg"
+
+
+def test_needs_of_a_plugin_the_adapter_does_not_offer_is_refused_at_load(tmp_path):
+    path = tmp_path / "matrix.toml"
+    path.write_text(NEEDY.replace("toy_adapters:NEEDY", "toy_adapters:UNKNOWN_NEED")
+                    .replace('["plain", "ddp", "zero"]', '["p"]').split("[[frameworks")[0])
+    with pytest.raises(spec.SpecError, match=r"adapter 'toy_adapters:UNKNOWN_NEED': needs names plugin 'q', which it "
+                                             r"does not offer; valid: p$"):
+        spec.load(path)
+
+
+def test_the_hf_and_lightning_rows_skip_trl_and_deepspeed_plugins_where_those_are_missing():
+    """The shipped declarations: with accelerate, transformers, peft and lightning but neither TRL nor DeepSpeed,
+    exactly the plugins that import them are skipped, each saying what to install."""
+    matrix = spec.load(spec.default_spec_path())
+    cells = plan(matrix, Selection.parse("framework=hf,framework=lightning", matrix), world_size=2, device="cuda",
+                 importable=only("accelerate", "transformers", "peft", "lightning"))
+    skipped = {(c.key.framework, c.key.plugin): c.skip for c in cells if c.skip and "pip install" in c.skip}
+    assert skipped == {
+        **{("hf", p): f"plugin {p} needs `deepspeed`: pip install deepspeed"
+           for p in ("accelerate-zero2", "accelerate-zero3", "trainer-zero2", "trainer-zero3")},
+        **{("lightning", p): f"plugin {p} needs `deepspeed`: pip install deepspeed"
+           for d in ("trainer", "fabric") for p in (f"{d}-deepspeed", f"{d}-deepspeed-stage-3",
+                                                    f"{d}-deepspeed-exclude-frozen")}}
+    case = UserCase("mine", UserModel("m:build", "m:batch", "m:loss"), {"adapter": FreezePattern("adapter")}, {},
+                    frameworks=("hf",), plugins=("trl-sft-ddp", "trl-sft-ddp-peft-config", "trl-sft-zero3"))
+    own = {c.key.plugin: c.skip for c in user_cells(matrix, case, world_size=2, device="cuda",
+                                                    importable=only("accelerate", "transformers", "peft"))}
+    assert own == {"trl-sft-ddp": "plugin trl-sft-ddp needs `trl`: pip install trl",
+                   "trl-sft-ddp-peft-config": "plugin trl-sft-ddp-peft-config needs `trl`: pip install trl",
+                   "trl-sft-zero3": "plugin trl-sft-zero3 needs `trl` and `deepspeed`: pip install trl deepspeed"}

@@ -8,6 +8,7 @@ worker's reports) writes the report.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shlex
 import time
 import traceback
@@ -25,7 +26,16 @@ from ..report import schema
 from ..report.directory import Folded, ReportDirectory
 from ..spec import known_issues, locks
 from ..spec.matrix import Spec, default_spec_path
-from ..spec.plan import Selection, UserCase, plan, user_cells, why_not_importable
+from ..spec.plan import (
+    Selection,
+    UserCase,
+    missing_needs,
+    needs_reason,
+    needs_summary,
+    plan,
+    user_cells,
+    why_not_importable,
+)
 from ..verdict import checks, classify, severity
 from .pool import PoolError, RankPool
 
@@ -121,6 +131,19 @@ class MatrixRun:
             if why_not_importable(self.spec.frameworks[name].import_name):
                 missing[name] = next(c.skip for c in self.cells if c.key.framework == name and c.skip)
         return missing
+
+    def missing_packages(self) -> dict[str, str]:
+        """Packages that plugins of this run's cells need and that are not importable here -> one line naming the
+        cells skipped for want of it and what installs it (read from the cells' records: xdist workers' too)."""
+        importable = functools.cache(why_not_importable)
+        skipped: dict[tuple[str, str], list[str]] = {}
+        for record in self.results.values():
+            fw, plugin = self.spec.frameworks[record["framework"]], record["plugin"]
+            needs = missing_needs(fw, plugin, importable)
+            if needs and record["message"] == needs_reason(plugin, needs):  # not its framework's skip
+                for module, pip in needs.items():
+                    skipped.setdefault((module, pip), []).append(f"{fw.name}/{plugin}")
+        return {module: needs_summary(module, pip, plugins) for (module, pip), plugins in sorted(skipped.items())}
 
     def add_user_case(self, case: UserCase) -> list[Cell]:
         # --freeze-matrix-select narrows user cases as it narrows the built-in matrix.

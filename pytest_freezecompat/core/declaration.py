@@ -38,6 +38,9 @@ class AdapterDeclaration:
     #: or false; `globs`: a list of name globs): the adapter reads them from `cell.options`. A rule sets no other:
     #: an option no adapter reads would plan its cells (and split their round trips) without a word.
     options: Mapping[str, str] = field(default_factory=dict)
+    #: What a plugin imports beyond the framework (plugin -> {import module: pip requirement}): where one is not
+    #: importable, planning skips the plugin's cells and says what to install, before any rank starts.
+    needs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def promised(self, values: tuple[str, ...], precision: str) -> dict[str, str]:
         """What a cell with these axis values promises of the observed stack."""
@@ -69,4 +72,8 @@ def load_declaration(package: str) -> AdapterDeclaration:
     if not isinstance(declaration, AdapterDeclaration):
         raise DeclarationError(f"adapter {package!r}: DECLARATION is a {type(declaration).__name__}, "
                                "not an AdapterDeclaration")
+    for plugin in declaration.needs:
+        if plugin not in declaration.plugins:
+            raise DeclarationError(f"adapter {package!r}: needs names plugin {plugin!r}, which it does not offer; "
+                                   f"valid: {', '.join(declaration.plugins)}")
     return declaration

@@ -7,11 +7,12 @@ so `--collect-only` is fast and every skip is known before any rank starts.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import importlib.metadata
 import importlib.util
 import itertools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..core.cell import Cell, CellKey, Hyper, UserModel
@@ -85,6 +86,22 @@ def why_not_importable(module: str) -> str | None:
     return None
 
 
+def missing_needs(fw: Framework, plugin: str, importable: Callable[[str], str | None]) -> dict[str, str]:
+    """What `plugin` imports beyond its framework that is not importable here: import module -> pip requirement."""
+    return {module: pip for module, pip in fw.declaration.needs.get(plugin, {}).items() if importable(module)}
+
+
+def needs_reason(plugin: str, missing: Mapping[str, str]) -> str:
+    """A cell's skip reason where its plugin needs packages not installed here: what is missing and what installs it."""
+    return f"plugin {plugin} needs {' and '.join(f'`{m}`' for m in missing)}: pip install {' '.join(missing.values())}"
+
+
+def needs_summary(module: str, pip: str, plugins: Sequence[str]) -> str:
+    """One line for the run's cells skipped for want of `module` (`plugins`: each one's framework/plugin)."""
+    count = f"{len(plugins)} cell{'s' if len(plugins) > 1 else ''}"
+    return f"{count} of {', '.join(sorted(set(plugins)))} need `{module}`: pip install {pip}"
+
+
 def installed_version(package: str) -> str | None:
     """A distribution's version here, from its metadata (nothing is imported), without a local tag (`+cu126`)."""
     try:
@@ -118,7 +135,8 @@ def releases_here(fw: Framework, environment: str | None, missing: str | None, i
 
 
 def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str, tuple[str, ...]], world_size: int,
-                     device: str, missing: str | None, user: UserCase | None = None) -> Iterable[Cell]:
+                     device: str, missing: str | None, importable: Callable[[str], str | None],
+                     user: UserCase | None = None) -> Iterable[Cell]:
     patterns = user.patterns if user else spec.patterns
     for model, plugin, init, checkpoint, freeze, clip in itertools.product(
             *(axes[a] for a in ("model", "plugin", "init", "checkpoint", "freeze", "clip"))):
@@ -137,6 +155,8 @@ def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str
         if missing:
             skip = (f"{fw.name} is not importable in this environment ({missing}); "
                     f"its environment is {release.environment!r}")
+        elif needs := missing_needs(fw, plugin, importable):
+            skip = needs_reason(plugin, needs)
         emulation = bool(effects.get("emulation", False))
         precision = str(effects.get("precision", "fp32"))
         yield Cell(key=key, environment=release.environment, adapter=fw.declaration.implementation,
@@ -170,14 +190,15 @@ def plan(spec: Spec, selection: Selection, *, world_size: int, device: str, envi
          installed: Callable[[str], str | None] = installed_version) -> list[Cell]:
     """Cells in a stable order. With `environment`, only the frameworks that environment owns run."""
     cells: list[Cell] = []
+    asked = functools.cache(importable)  # once per module, not once per cell
     for fw in spec.frameworks.values():
         if not selection.keeps("framework", fw.name):
             continue
-        missing = importable(fw.import_name)
+        missing = asked(fw.import_name)
         axes = {a: tuple(v for v in fw.axes[a] if selection.keeps(a, v)) for a in fw.axes}
         for release in releases_here(fw, environment, missing, installed(fw.package)):
             if selection.keeps("release", release.version):
-                cells.extend(_framework_cells(spec, fw, release, axes, world_size, device, missing))
+                cells.extend(_framework_cells(spec, fw, release, axes, world_size, device, missing, asked))
     return cells
 
 
@@ -214,6 +235,7 @@ def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, envi
             raise SelectionError(f"unknown {axis} {unknown[0]!r} for user models; valid: "
                                  f"{', '.join(dict.fromkeys(offered))}")
     cells: list[Cell] = []
+    asked = functools.cache(importable)
     for fw in takers:
         if case.frameworks and fw.name not in case.frameworks:
             continue
@@ -221,7 +243,7 @@ def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, envi
         for axis, wanted in (("plugin", case.plugins), ("init", case.init), ("checkpoint", case.checkpoint),
                              ("clip", case.clip)):
             axes[axis] = tuple(v for v in fw.axes[axis] if wanted is None or v in wanted)
-        missing = importable(fw.import_name)
+        missing = asked(fw.import_name)
         for release in releases_here(fw, environment, missing, installed(fw.package)):
-            cells.extend(_framework_cells(spec, fw, release, axes, world_size, device, missing, case))
+            cells.extend(_framework_cells(spec, fw, release, axes, world_size, device, missing, asked, case))
     return cells

@@ -114,4 +114,10 @@ DECLARATION = AdapterDeclaration(
     distributions=("accelerate", "transformers", "peft", "deepspeed"),
     # staged.py OPTION: params unfrozen once the optimizer is built.
     options={"unfreeze_after_optimizer": "globs"},
+    # Every rank imports the Trainer driver (adapter.warm_up); TRL, DeepSpeed and peft (a peft_config handed to
+    # SFTTrainer) only the plugins that use them (adapter.run).
+    needs={plugin: {"transformers": "transformers", **({"trl": "trl"} if plugin in TRL_PLUGINS else {}),
+                    **({"deepspeed": "deepspeed"} if TRL_PLUGINS.get(plugin, plugin) in ZERO_PLUGINS else {}),
+                    **({"peft": "peft"} if plugin == "trl-sft-ddp-peft-config" else {})}
+           for plugin in (*_STACKS, *TRL_PLUGINS)},
 )

@@ -60,4 +60,6 @@ DECLARATION = AdapterDeclaration(
     distributions=("lightning", "deepspeed"),
     # finetuning.py OPTION: the params a BaseFinetuning callback freezes before training and unfreezes at epoch 0.
     options={"finetuning_unfreezes": "globs"},
+    # Lightning's DeepSpeedStrategy imports DeepSpeed, which Lightning does not install.
+    needs={plugin: {"deepspeed": "deepspeed"} for plugin in BUILDS if "-deepspeed" in plugin},
 )

@@ -5,6 +5,7 @@ from ...core.declaration import AdapterDeclaration
 WRAPPERS = ("torch-ddp", "megatron-ddp", "megatron-ddp-distopt")
 #: `<wrapper>-tp<N>` or `<wrapper>-pp<N>`: the parallel layout is part of the plugin id.
 LAYOUTS = tuple(f"{axis}{size}" for axis in ("tp", "pp") for size in (1, 2, 4, 8))
+PLUGINS = tuple(f"{wrapper}-{layout}" for wrapper in WRAPPERS for layout in LAYOUTS)
 
 #: What each wrapper promises of the objects Megatron builds: the wrapper's class (by import path: torch's and
 #: Megatron's are both named DistributedDataParallel) and the optimizer's (get_megatron_optimizer's, unwrapped from
@@ -25,7 +26,7 @@ def _layout_promises(layout: str) -> dict[str, str]:
             "pipeline_model_parallel_size": size if layout.startswith("pp") else "1"}
 
 DECLARATION = AdapterDeclaration(
-    plugins=tuple(f"{wrapper}-{layout}" for wrapper in WRAPPERS for layout in LAYOUTS),
+    plugins=PLUGINS,
     init=("eager", "meta"),
     # Megatron's own recompute: full (uniform, one layer at a time) or selective (core attention).
     checkpoint=("none", "full", "selective"),
@@ -53,4 +54,7 @@ DECLARATION = AdapterDeclaration(
     distributions=("megatron-core", "psutil", "transformer-engine"),
     # adapter.py FREEZE_AFTER_WRAP: the pattern is applied after the model is wrapped.
     options={"freeze_after_wrap": "bool"},
+    # The resume check saves through megatron-core's torch_dist writer, which needs psutil
+    # (compat.torch_dist_writer_problem).
+    needs={plugin: {"psutil": "psutil"} for plugin in PLUGINS},
 )
