@@ -149,6 +149,12 @@ def cuda_only(model: nn.Module) -> str | None:
             "CPU, and DDP refuses it in a CPU module): not run on CPU; on GPUs it is judged against the whole batch")
 
 
+def model_classes(model: nn.Module) -> tuple[str, ...]:
+    """The model's class and its bases, by name (a peft wrapper's too: `PeftModel`), for the plugins that take only
+    some models."""
+    return tuple(dict.fromkeys(cls.__name__ for cls in type(model).__mro__))
+
+
 def build_case(decl: CaseDeclaration) -> UserCase:
     """Check a declaration the way ranks will use it (build on meta, resolve every pattern)."""
     if not VALUE_RE.match(decl.name):
@@ -204,4 +210,5 @@ def build_case(decl: CaseDeclaration) -> UserCase:
                     frameworks=tuple(decl.frameworks) if decl.frameworks else None,
                     plugins=tuple(decl.plugins) if decl.plugins else None,
                     init=tuple(decl.init) if decl.init else None, checkpoint=checkpoint, clip=tuple(decl.clip),
-                    tolerance={k: float(v) for k, v in decl.tolerance.items()}, cuda_only=cuda_only(model))
+                    tolerance={k: float(v) for k, v in decl.tolerance.items()}, cuda_only=cuda_only(model),
+                    classes=model_classes(model))

@@ -196,3 +196,25 @@ def test_the_hf_and_lightning_rows_skip_trl_and_deepspeed_plugins_where_those_ar
     assert own == {"trl-sft-ddp": "plugin trl-sft-ddp needs `trl`: pip install trl",
                    "trl-sft-ddp-peft-config": "plugin trl-sft-ddp-peft-config needs `trl`: pip install trl",
                    "trl-sft-zero3": "plugin trl-sft-zero3 needs `trl` and `deepspeed`: pip install trl deepspeed"}
+
+
+def test_a_trl_plugin_given_a_plain_module_is_a_skip_that_says_why():
+    """SFTTrainer reads model.config: a plain nn.Module is no cell of TRL's (not a refusal); a transformers model or
+    a PeftModel is planned as any other."""
+    matrix = spec.load(spec.default_spec_path())
+    plugins = ("trainer-ddp", "trl-sft-ddp", "trl-sft-ddp-peft-config")
+
+    def skips(classes):
+        case = UserCase("mine", UserModel("m:build", "m:batch", "m:loss"), {"adapter": FreezePattern("adapter")}, {},
+                        frameworks=("hf",), plugins=plugins, classes=classes)
+        return {c.key.plugin: c.skip for c in user_cells(matrix, case, world_size=2, device="cpu",
+                                                         importable=lambda module: None)}
+
+    assert skips(("TinyConvNet", "Module", "object")) == {
+        "trainer-ddp": None,
+        "trl-sft-ddp": "plugin trl-sft-ddp takes a PreTrainedModel or a PeftModel (trl.SFTTrainer reads model.config); "
+                       "TinyConvNet is not one: not run",
+        "trl-sft-ddp-peft-config": "plugin trl-sft-ddp-peft-config takes a PreTrainedModel (trl.SFTTrainer reads "
+                                   "model.config); TinyConvNet is not one: not run"}
+    assert skips(("LlamaForCausalLM", "LlamaPreTrainedModel", "PreTrainedModel", "Module")) == dict.fromkeys(plugins)
+    assert skips(("PeftModelForCausalLM", "PeftModel", "Module"))["trl-sft-ddp"] is None

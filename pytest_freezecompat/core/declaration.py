@@ -41,6 +41,9 @@ class AdapterDeclaration:
     #: What a plugin imports beyond the framework (plugin -> {import module: pip requirement}): where one is not
     #: importable, planning skips the plugin's cells and says what to install, before any rank starts.
     needs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: What model a plugin can train (plugin -> (class names, one of which the model's type must have in its MRO; what
+    #: the stack reads of it)): a user's model that is none of them is a skip with the reason, never a red verdict.
+    takes: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
 
     def promised(self, values: tuple[str, ...], precision: str) -> dict[str, str]:
         """What a cell with these axis values promises of the observed stack."""
@@ -72,7 +75,7 @@ def load_declaration(package: str) -> AdapterDeclaration:
     if not isinstance(declaration, AdapterDeclaration):
         raise DeclarationError(f"adapter {package!r}: DECLARATION is a {type(declaration).__name__}, "
                                "not an AdapterDeclaration")
-    for plugin in declaration.needs:
+    for plugin in (*declaration.needs, *declaration.takes):
         if plugin not in declaration.plugins:
             raise DeclarationError(f"adapter {package!r}: needs names plugin {plugin!r}, which it does not offer; "
                                    f"valid: {', '.join(declaration.plugins)}")

@@ -102,6 +102,17 @@ def needs_summary(module: str, pip: str, plugins: Sequence[str]) -> str:
     return f"{count} of {', '.join(sorted(set(plugins)))} need `{module}`: pip install {pip}"
 
 
+def model_not_taken(fw: Framework, plugin: str, user: UserCase) -> str | None:
+    """Why `plugin` cannot train the user's model (it is none of the classes the plugin takes), or None."""
+    if plugin not in fw.declaration.takes:
+        return None
+    classes, why = fw.declaration.takes[plugin]
+    if set(classes) & set(user.classes):
+        return None
+    model = user.classes[0] if user.classes else "the model"
+    return f"plugin {plugin} takes a {' or a '.join(classes)} ({why}); {model} is not one: not run"
+
+
 def installed_version(package: str) -> str | None:
     """A distribution's version here, from its metadata (nothing is imported), without a local tag (`+cu126`)."""
     try:
@@ -152,6 +163,8 @@ def _framework_cells(spec: Spec, fw: Framework, release: Release, axes: dict[str
         skip = effects.get("skip")
         if user is not None and user.cuda_only and device == "cpu":
             skip = user.cuda_only
+        if user is not None and (refusal := model_not_taken(fw, plugin, user)):
+            skip = refusal
         if missing:
             skip = (f"{fw.name} is not importable in this environment ({missing}); "
                     f"its environment is {release.environment!r}")
@@ -218,6 +231,8 @@ class UserCase:
     tolerance: dict[str, float] = field(default_factory=dict)
     #: Why the model trains on CUDA ranks only (`user.cuda_only`): its cells on a CPU run are skipped with it.
     cuda_only: str | None = None
+    #: The class names in the model's MRO, its own first: what a plugin that takes only some models reads (`takes`).
+    classes: tuple[str, ...] = ()
 
 
 def user_cells(spec: Spec, case: UserCase, *, world_size: int, device: str, environment: str | None = None,
