@@ -128,6 +128,9 @@ class RankRecord:
     initial: dict[str, Any] | None = None  # rank 0: params after wrapping
     #: Every rank: buffers after wrapping; None where the adapter's view cannot read buffers.
     initial_buffers: dict[str, Any] | None = None
+    #: The stack's model normalises over the whole batch (it holds SyncBatchNorm, as ColossalAI's DDP plugins make of
+    #: a plain BatchNorm): the reference then runs the whole batch, not each rank's rows.
+    syncs_norms: bool = False
     plan: PlanFacts | None = None
     #: The bare model's aliases, each with its tensor's first name (`core.ties`), read before wrapping.
     tied: dict[str, str] = field(default_factory=dict)

@@ -158,6 +158,9 @@ class Recorder:
         self.record.tracked = tuple(sorted(view.tracked_names()))
         params = view.full_params()
         self.initial_params = {n: t.detach().to("cpu", torch.float32).clone() for n, t in params.items()}
+        module = getattr(view, "module", None)
+        self.record.syncs_norms = isinstance(module, nn.Module) and any(
+            isinstance(m, nn.SyncBatchNorm) for m in module.modules())
         buffers = read_buffers(view)
         self.initial_buffers = None if buffers is None else {n: t.detach().to("cpu").clone()
                                                              for n, t in buffers.items()}
@@ -306,8 +309,8 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
     # alone, the grads averaged (`reference.run`'s `shards`).
     model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
-    coupled = _COUPLED.get(reference.digest(model, cell.pattern, dict(cell.groups)),
-                           lambda: reference.coupled_modules(bare()[0]))
+    coupled = [] if record.syncs_norms else _COUPLED.get(reference.digest(model, cell.pattern, dict(cell.groups)),
+                                                          lambda: reference.coupled_modules(bare()[0]))
     shards = cell.world_size if coupled else 1
     if coupled:
         record.notes.append(f"reference: each rank's {cell.hyper.batch_per_rank} rows through the model alone, grads "
