@@ -35,11 +35,10 @@ from __future__ import annotations
 
 import sys
 
-import torch
-from torch import nn
-
 import colossalai
+import torch
 from colossalai.lazy import LazyInitContext
+from torch import nn
 
 INPLACE_ERROR = "one of the variables needed for gradient computation has been modified by an inplace operation"
 

@@ -16,3 +16,15 @@ class Block(nn.Module):
     def forward(self, x):
         return x + torch.tanh(self.mlp(x))
 '''
+
+#: The batch and loss of a tagger over 32 tokens, 4 per row (text, after a model's class).
+TOKEN_DATA = '''
+
+def batch(global_batch_size, step):
+    tokens = torch.randint(0, 32, (global_batch_size, 4), generator=torch.Generator().manual_seed(step))
+    return {"tokens": tokens, "targets": tokens.flip(-1)}
+
+
+def loss(model, b):
+    return nn.functional.cross_entropy(model(b["tokens"]).flatten(0, 1), b["targets"].flatten())
+'''

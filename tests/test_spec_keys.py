@@ -51,8 +51,8 @@ TABLES = {
     "models": (GOOD.replace('description = "a model"', 'descripton = "a model"'), "descripton",
                r"models\.m: unknown key 'descripton'; valid: description, groups; did you mean 'description'\?"),
     "freeze": (GOOD.replace('frozen = ["embedding"]', 'frozn = ["embedding"]'), "frozn",
-               r"freeze\.embedding: unknown key 'frozn'; valid: buffers, description, eval, features, frozen, may_refuse, optimizer, "
-               r"rows, trainable, unused; did you mean 'frozen'\?"),
+               r"freeze\.embedding: unknown key 'frozn'; valid: buffers, description, eval, features, frozen, "
+               r"may_refuse, optimizer, rows, trainable, unused; did you mean 'frozen'\?"),
     "framework": (GOOD + "user_model = true\n", "user_model",
                   rf"framework torch: unknown key 'user_model'; valid: {FRAMEWORK_KEYS}; did you mean 'user_models'\?"),
     "environment": (GOOD + ENVIRONMENT.replace("install =", "instal ="), "instal =",

@@ -3,6 +3,7 @@
 import importlib.metadata
 
 import pytest
+from own_project import TOKEN_DATA
 from torch import nn
 
 from pytest_freezecompat.core import freeze, ties
@@ -108,14 +109,7 @@ class TiedNet(nn.Module):
     def forward(self, tokens):
         return self.head(torch.relu(self.body(self.embed(tokens))))
 
-
-def batch(global_batch_size, step):
-    tokens = torch.randint(0, 32, (global_batch_size, 4), generator=torch.Generator().manual_seed(step))
-    return {"tokens": tokens, "targets": tokens.flip(-1)}
-
-
-def loss(model, b):
-    return nn.functional.cross_entropy(model(b["tokens"]).flatten(0, 1), b["targets"].flatten())
+''' + TOKEN_DATA + '''
 
 
 @freeze_case(batch=batch, loss=loss, patterns=PATTERNS, checkpoint=["none"], blocks=["Head"], plugins=PLUGINS,
