@@ -605,6 +605,7 @@ GEMINI_MODULES = ("colossalai.booster.plugin.gemini_plugin", "colossalai.zero.ge
 def _legacy_gemini_device_patches() -> list[Patch]:
     """0.3.x: each module binds `colossalai.utils.get_current_device` at import (the CPU without CUDA)."""
     from colossalai.utils import cuda as cuda_utils
+    from colossalai.zero.gemini.gemini_ddp import GeminiDDP
     from colossalai.zero.gemini.gemini_optimizer import GeminiOptimizer
 
     for module in GEMINI_MODULES:  # loaded before looking for the name they bind
@@ -618,7 +619,31 @@ def _legacy_gemini_device_patches() -> list[Patch]:
                   "accelerator API)") for module in owners] + [
         Patch(torch.cuda, "IntTensor", _cpu_int_tensor, "torch.cuda.IntTensor -> a CPU IntTensor"),
         Patch(GeminiOptimizer, "pack_optimizer_states_to_tensor", _packed_on_emulated_device,
-              "GeminiOptimizer.pack_optimizer_states_to_tensor: device 'cuda' (its 0.3.x default) -> cpu:0")]
+              "GeminiOptimizer.pack_optimizer_states_to_tensor: device 'cuda' (its 0.3.x default) -> cpu:0"),
+        Patch(GeminiDDP, "_cast_buffers", _buffers_stay_on_cpu,
+              "GeminiDDP._cast_buffers: buffer.cuda() (0.3.x) stays on the CPU; the dtype cast is its own")]
+
+
+class _Reported:
+    """The one `Probe` method `_CudaToCpu` calls, recording the patch that opened it instead of the mode's words."""
+
+    def __init__(self, report: Callable[[], None]) -> None:
+        self.report = report
+
+    def emulated(self, what: str) -> None:
+        self.report()
+
+
+def _buffers_stay_on_cpu(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
+    """0.3.x moves every buffer with `buffer.cuda()` (later releases to the accelerator's device): a model with
+    buffers (BatchNorm's statistics) reached real CUDA there. The move alone is emulated; the cast is Gemini's."""
+
+    @functools.wraps(original)
+    def cast_buffers(self: Any) -> Any:
+        with _CudaToCpu(_Reported(report)):  # type: ignore[arg-type]
+            return original(self)
+
+    return cast_buffers
 
 
 def _packed_on_emulated_device(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
