@@ -214,7 +214,7 @@ def test_a_trl_plugin_given_a_plain_module_is_a_skip_that_says_why():
         "trainer-ddp": None,
         "trl-sft-ddp": "plugin trl-sft-ddp takes a PreTrainedModel or a PeftModel (trl.SFTTrainer reads model.config); "
                        "TinyConvNet is not one: not run",
-        "trl-sft-ddp-peft-config": "plugin trl-sft-ddp-peft-config takes a PreTrainedModel (trl.SFTTrainer reads "
-                                   "model.config); TinyConvNet is not one: not run"}
+        "trl-sft-ddp-peft-config": "plugin trl-sft-ddp-peft-config takes a PreTrainedModel or a PeftModel "
+                                   "(trl.SFTTrainer reads model.config); TinyConvNet is not one: not run"}
     assert skips(("LlamaForCausalLM", "LlamaPreTrainedModel", "PreTrainedModel", "Module")) == dict.fromkeys(plugins)
-    assert skips(("PeftModelForCausalLM", "PeftModel", "Module"))["trl-sft-ddp"] is None
+    assert skips(("PeftModelForCausalLM", "PeftModel", "Module")) == dict.fromkeys(plugins)

@@ -120,8 +120,6 @@ DECLARATION = AdapterDeclaration(
                     **({"deepspeed": "deepspeed"} if TRL_PLUGINS.get(plugin, plugin) in ZERO_PLUGINS else {}),
                     **({"peft": "peft"} if plugin == "trl-sft-ddp-peft-config" else {})}
            for plugin in (*_STACKS, *TRL_PLUGINS)},
-    # SFTTrainer reads `model.config` (and applies a peft_config to a transformers model only).
-    takes={plugin: (("PreTrainedModel",) if plugin == "trl-sft-ddp-peft-config" else ("PreTrainedModel", "PeftModel"),
-                    "trl.SFTTrainer reads model.config")
-           for plugin in TRL_PLUGINS},
+    # SFTTrainer reads `model.config` (a PeftModel forwards it; the peft_config plugin hands SFTTrainer its base).
+    takes={plugin: (("PreTrainedModel", "PeftModel"), "trl.SFTTrainer reads model.config") for plugin in TRL_PLUGINS},
 )
