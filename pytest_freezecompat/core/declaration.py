@@ -75,8 +75,9 @@ def load_declaration(package: str) -> AdapterDeclaration:
     if not isinstance(declaration, AdapterDeclaration):
         raise DeclarationError(f"adapter {package!r}: DECLARATION is a {type(declaration).__name__}, "
                                "not an AdapterDeclaration")
-    for plugin in (*declaration.needs, *declaration.takes):
-        if plugin not in declaration.plugins:
-            raise DeclarationError(f"adapter {package!r}: needs names plugin {plugin!r}, which it does not offer; "
-                                   f"valid: {', '.join(declaration.plugins)}")
+    for field_name, plugins in (("needs", declaration.needs), ("takes", declaration.takes)):
+        for plugin in plugins:
+            if plugin not in declaration.plugins:
+                raise DeclarationError(f"adapter {package!r}: {field_name} names plugin {plugin!r}, which it does "
+                                       f"not offer; valid: {', '.join(declaration.plugins)}")
     return declaration

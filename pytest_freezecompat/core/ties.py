@@ -8,7 +8,7 @@ gives each path its own tensor unties them: the two copies then train apart. The
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 #: alias -> the first name of its tensor, as `named_parameters()` lists it.
 Ties = Mapping[str, str]
@@ -26,9 +26,9 @@ def ties_of(paths: Iterable[tuple[str, object]]) -> dict[str, str]:
     return ties
 
 
-def trains(name: str, trainable: Iterable[str], ties: Ties) -> bool:
+def trains(name: str, trainable: Collection[str], ties: Ties) -> bool:
     """Whether the pattern trains `name`: an alias trains exactly when its tensor's first name does."""
-    return ties.get(name, name) in set(trainable)
+    return ties.get(name, name) in trainable
 
 
 def stated(ties: Ties) -> list[str]:

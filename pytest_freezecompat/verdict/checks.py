@@ -508,11 +508,11 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
         kinds.append("loaded-differs")
         named.update(d.split(" (", 1)[0] for d in differ)
     # A buffer the ranks hold apart (plain BatchNorm's statistics) comes back as any one rank's: the files keep one.
-    lost = [change for change in _buffers_changed(saved_at.buffers, resume.loaded_buffers, tol)
-            if not any(not _buffers_changed({name: value}, resume.loaded_buffers, tol)
-                       for record in records[1:] if resume.saved_after < len(record.steps)
-                       for name, value in (record.steps[resume.saved_after].buffers or {}).items()
-                       if name == change.split(" (", 1)[0])]
+    peers = [record.steps[resume.saved_after].buffers or {} for record in records[1:]
+             if resume.saved_after < len(record.steps)]
+    lost = [text for name, text in _buffers_changed(saved_at.buffers, resume.loaded_buffers, tol).items()
+            if not any(name in peer and not _buffers_changed({name: peer[name]}, resume.loaded_buffers, tol)
+                       for peer in peers)]
     if lost:
         found.append(f"after load, buffers differ from what was saved: {_names(lost)}")
         kinds.append("buffer-not-restored")
@@ -546,21 +546,21 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
 
 def _buffers_changed(want: dict[str, Any] | None, have: dict[str, Any] | None, tol: Tolerance,
                      exact: Callable[[str], bool] = lambda name: True,
-                     room: Callable[[str], float] = lambda name: 0.0) -> list[str]:
-    """Buffers of `want` that `have` lacks or holds otherwise, each with how far: counters (integer buffers) and the
-    names `exact` picks must be bit-identical, the rest within the param tolerance (a running mean follows the
-    weights, which may differ by rounding) plus `room` (a low-precision cell's measured spread)."""
+                     room: Callable[[str], float] = lambda name: 0.0) -> dict[str, str]:
+    """Buffers of `want` that `have` lacks or holds otherwise: name -> the name with how far. Counters (integer
+    buffers) and the names `exact` picks must be bit-identical, the rest within the param tolerance (a running mean
+    follows the weights, which may differ by rounding) plus `room` (a low-precision cell's measured spread)."""
     if want is None or have is None:
-        return []
-    changed = []
+        return {}
+    changed = {}
     for name, value in sorted(want.items()):
         got = have.get(name)
         if got is None or got.shape != value.shape:
-            changed.append(f"{name} (missing or wrong shape)")
+            changed[name] = f"{name} (missing or wrong shape)"
         elif not unchanged(got, value) and (exact(name) or not np.issubdtype(value.dtype, np.floating)
                                             or not close(got, value, rtol=tol.param_rtol,
                                                          atol=tol.param_atol + room(name))):
-            changed.append(f"{name} (max abs diff {float(np.max(np.abs(got.astype(np.float64) - value))):.2e})")
+            changed[name] = f"{name} (max abs diff {float(np.max(np.abs(got.astype(np.float64) - value))):.2e})"
     return changed
 
 
@@ -585,8 +585,8 @@ def _check_buffers(records: list[RankRecord], plan: PlanFacts, ref_steps: list[S
             moved = _buffers_changed(start, facts.buffers, tol)
             if moved:
                 found.append((step, "buffers", Problem(
-                    f"step {step}: rank {record.rank}: buffers of frozen modules moved: {_names(moved)} "
-                    f"({HELD_BUFFERS_MOVED})", tuple(sorted(n.split(" (", 1)[0] for n in moved)),
+                    f"step {step}: rank {record.rank}: buffers of frozen modules moved: {_names(moved.values())} "
+                    f"({HELD_BUFFERS_MOVED})", tuple(sorted(moved)),
                     kinds=("held-buffer-moved",))))
     lead = records[0]
     start = lead.initial_buffers or {}
@@ -601,16 +601,17 @@ def _check_buffers(records: list[RankRecord], plan: PlanFacts, ref_steps: list[S
                                   room=lambda n, s=spread: s.get(n, 0.0))
         if differ:
             found.append((step, "buffers", Problem(
-                f"step {step}: buffers differ from reference: {_names(differ)}",
-                tuple(sorted(n.split(" (", 1)[0] for n in differ)), kinds=("buffer-differs",))))
+                f"step {step}: buffers differ from reference: {_names(differ.values())}",
+                tuple(sorted(differ)), kinds=("buffer-differs",))))
     for record in records[1:]:
         last = min(len(record.steps), len(lead.steps)) - 1
         if last < 0:
             continue
         mine = {n: v for n, v in (lead.steps[last].buffers or {}).items() if n not in held}
         if apart := _buffers_changed(mine, record.steps[last].buffers, tol):
-            notes.append(f"after step {last}, rank {record.rank}'s buffers differ from rank 0's: {_names(apart)} "
-                         "(each rank's statistics come from its own rows; a checkpoint keeps one rank's)")
+            notes.append(f"after step {last}, rank {record.rank}'s buffers differ from rank 0's: "
+                         f"{_names(apart.values())} (each rank's statistics come from its own rows; a checkpoint keeps "
+                         "one rank's)")
     return found
 
 

@@ -624,23 +624,13 @@ def _legacy_gemini_device_patches() -> list[Patch]:
               "GeminiDDP._cast_buffers: buffer.cuda() (0.3.x) stays on the CPU; the dtype cast is its own")]
 
 
-class _Reported:
-    """The one `Probe` method `_CudaToCpu` calls, recording the patch that opened it instead of the mode's words."""
-
-    def __init__(self, report: Callable[[], None]) -> None:
-        self.report = report
-
-    def emulated(self, what: str) -> None:
-        self.report()
-
-
 def _buffers_stay_on_cpu(report: Callable[[], None], original: Callable[..., Any]) -> Callable[..., Any]:
     """0.3.x moves every buffer with `buffer.cuda()` (later releases to the accelerator's device): a model with
     buffers (BatchNorm's statistics) reached real CUDA there. The move alone is emulated; the cast is Gemini's."""
 
     @functools.wraps(original)
     def cast_buffers(self: Any) -> Any:
-        with _CudaToCpu(_Reported(report)):  # type: ignore[arg-type]
+        with _CudaToCpu(lambda what: report()):  # the patch's own words, not the mode's
             return original(self)
 
     return cast_buffers
@@ -731,17 +721,17 @@ def _is_cuda(device: Any) -> bool:
 class _CudaToCpu(TorchFunctionMode):
     """0.3.x's `.cuda()` and `device="cuda"` stay on the CPU (the model and every tensor already live there)."""
 
-    def __init__(self, probe: Probe) -> None:
+    def __init__(self, emulated: Callable[[str], None]) -> None:
         super().__init__()
-        self.probe = probe
+        self.emulated = emulated
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
-            self.probe.emulated("Tensor.cuda() is a no-op (TorchFunctionMode)")
+            self.emulated("Tensor.cuda() is a no-op (TorchFunctionMode)")
             return args[0]
         if _is_cuda(kwargs.get("device")):
-            self.probe.emulated("device='cuda' -> cpu (TorchFunctionMode)")
+            self.emulated("device='cuda' -> cpu (TorchFunctionMode)")
             kwargs["device"] = torch.device("cpu")
         return func(*args, **kwargs)
 
@@ -810,7 +800,7 @@ class ColossalAIShim(Shim):
     def contexts(self, cell: Cell, probe: Probe, device: torch.device) -> list[contextlib.AbstractContextManager]:
         if cell.key.plugin.startswith("gemini") or has_accelerator_api():
             return []
-        return [_CudaToCpu(probe)]
+        return [_CudaToCpu(probe.emulated)]
 
 
 SHIM = ColossalAIShim()
