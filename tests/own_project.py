@@ -1,6 +1,11 @@
 """The head of a user's test file in the end-to-end tests of a project's own model: its imports and the residual
 block its models stack (text: pytester writes it into the project)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 HEAD = '''
 import torch
 from torch import nn
@@ -28,3 +33,10 @@ def batch(global_batch_size, step):
 def loss(model, b):
     return nn.functional.cross_entropy(model(b["tokens"]).flatten(0, 1), b["targets"].flatten())
 '''
+
+
+def run_project(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Plain `pytest` in a scratch project, as its user runs it (no environment of this repository's nox)."""
+    env = {k: v for k, v in os.environ.items() if k != "FREEZECOMPAT_ENVIRONMENT" and not k.startswith("PYTEST_")}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=path,
+                          capture_output=True, text=True, env=env, check=False)

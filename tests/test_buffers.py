@@ -3,12 +3,10 @@ before stepping, plain BatchNorm under data parallelism is judged against each r
 CPU runs; `held_buffers` alone)."""
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from own_project import run_project
 
 from pytest_freezecompat.core.freeze import held_buffers
 
@@ -71,13 +69,6 @@ def norm_eval():
 def sync_bn():
     return nn.SyncBatchNorm.convert_sync_batchnorm(Net())
 '''
-
-
-def run_project(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Plain `pytest` in a scratch project, as its user runs it (no environment of this repository's nox)."""
-    env = {k: v for k, v in os.environ.items() if k != "FREEZECOMPAT_ENVIRONMENT" and not k.startswith("PYTEST_")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=path,
-                          capture_output=True, text=True, env=env, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -77,6 +77,11 @@ UNCHECKED = {
     "ranks": "every rank: another rank's grads or params were not read, so only rank 0's were judged",
     "buffers": "buffers: the stack's model was read without its buffers (BatchNorm statistics, counters), so they "
                "were not judged",
+    "randomness": "randomness: the forward draws random numbers (dropout) that the reference could not replay as the "
+                  "ranks drew them, so trained params' grads, clip norm and updates were not compared (held params "
+                  "and frozen modules' buffers were)",
+    "resumed-steps": "resume: the resumed run drew its dropout masks from another generator state than the "
+                     "uninterrupted run (the stack does not restore it), so the resumed steps were not compared",
 }
 
 

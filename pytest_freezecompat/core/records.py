@@ -71,6 +71,13 @@ class StepFacts:
     params: dict[str, Any] | None = None
     #: After the step: every buffer (BatchNorm's running statistics, counters as integers), by the bare model's name.
     buffers: dict[str, Any] | None = None
+    #: The CPU generator's state (uint8) when the step's first loss call began: what dropout drew its masks from, for
+    #: the reference to replay; None on an accelerator (its own generator drew them) or where no loss ran.
+    rng: Any | None = None
+    #: How many times the cell's loss ran in the step, and over how many rows the first time (a pipeline's
+    #: micro-batches or a tensor-parallel rank's whole batch are not one data-parallel rank's rows).
+    forwards: int = 0
+    rows: int | None = None
 
 
 @dataclass
@@ -131,6 +138,12 @@ class RankRecord:
     #: The stack's model normalises over the whole batch (it holds SyncBatchNorm, as ColossalAI's DDP plugins make of
     #: a plain BatchNorm): the reference then runs the whole batch, not each rank's rows.
     syncs_norms: bool = False
+    #: rank 0: what in the model draws random numbers in its forward (dropout with its p, or "the forward" where no
+    #: module says which); empty where the forward draws none.
+    draws_random: list[str] = field(default_factory=list)
+    #: rank 0: why the reference could not replay those draws as the ranks made them (None: it replayed them, or
+    #: there were none); the checks against the reference then leave the trained params unjudged.
+    unreplayed: str | None = None
     plan: PlanFacts | None = None
     #: The bare model's aliases, each with its tensor's first name (`core.ties`), read before wrapping.
     tied: dict[str, str] = field(default_factory=dict)
@@ -140,6 +153,10 @@ class RankRecord:
     #: rank 0, where grads accumulate outside the optimizer: the reference resumed after the save (no grad
     #: survives a checkpoint), so the round trip is judged by what resuming itself changes.
     reference_resumed: list[StepFacts] | None = None
+    #: rank 0, where the forward draws random numbers and the resumed run drew from other generator states than the
+    #: uninterrupted one (the stack does not restore it): the reference replaying the resumed run's states after the
+    #: save, so the round trip is judged by what resuming changes, not by other masks.
+    reference_redrawn: list[StepFacts] | None = None
     #: rank 0, where the optimizer holds a subset of what trains and the cell clips: the reference under each
     #: other correct form of the loop (`core.names.LOOP_CONVENTIONS`), by its name.
     reference_conventions: dict[str, list[StepFacts]] | None = None

@@ -55,19 +55,44 @@ def _buffer_slots(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
 
 
 def _per_rank_loss(model: nn.Module, loss_of: LossOf, batch: dict[str, torch.Tensor], states: list[Tensors],
-                   slots: dict[str, tuple[nn.Module, str]]) -> torch.Tensor:
+                   slots: dict[str, tuple[nn.Module, str]], rng: torch.Tensor | None = None) -> torch.Tensor:
     """The mean of each rank's loss over its own rows, each forward with that rank's buffers (new tensor objects
-    swapped in, never written into: autograd keeps what BatchNorm saved); `states` is updated to what each rank's
-    forward left. The model keeps rank 0's buffers."""
+    swapped in, never written into: autograd keeps what BatchNorm saved) and, where `rng` is given, from that CPU
+    generator state (the one every rank drew its masks from); `states` is updated to what each rank's forward left.
+    The model keeps rank 0's buffers."""
     losses = []
     for rank, state in enumerate(states):
         for name, (module, local) in slots.items():
             module._buffers[local] = state[name]
+        if rng is not None:
+            torch.set_rng_state(rng)
         losses.append(loss_of(model, rows_of(batch, rank, len(states))))
         states[rank] = {name: module._buffers[local] for name, (module, local) in slots.items()}
     for name, (module, local) in slots.items():
         module._buffers[local] = states[0][name]
     return torch.stack(losses).mean()
+
+
+def random_draws(model: nn.Module, loss_of: LossOf, batch: dict[str, torch.Tensor]) -> list[str]:
+    """What in `model` draws random numbers in a forward of `batch` ([] where the CPU generator does not move):
+    dropout modules in train mode with their p, a Hugging Face config's dropout fields, else the forward itself
+    (an op no module names, e.g. `F.dropout` in a model's own forward). The generator is left as it was."""
+    state = torch.get_rng_state()
+    try:
+        with torch.no_grad():
+            loss_of(model, batch)
+        moved = not torch.equal(torch.get_rng_state(), state)
+    finally:
+        torch.set_rng_state(state)
+    if not moved:
+        return []
+    named = [f"{name} ({type(module).__name__} p={module.p:g})" for name, module in model.named_modules()
+             if isinstance(module, nn.modules.dropout._DropoutNd) and module.training and module.p > 0]
+    config = getattr(model, "config", None)
+    fields = config.to_dict() if hasattr(config, "to_dict") else {}
+    named += [f"config.{key}={value:g}" for key, value in sorted(fields.items())
+              if ("dropout" in key or "pdrop" in key) and isinstance(value, float) and value > 0]
+    return named or ["the forward (no dropout module or config field names the op)"]
 
 
 def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -77,7 +102,7 @@ def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, torch.Tensor]],
         model: nn.Module, loss_of: LossOf, compute_dtype: torch.dtype | None = None,
         resumed_after: int | None = None, convention: str = CANONICAL_LOOP, buffers: Tensors | None = None,
-        shards: int = 1) -> list[ReferenceStep]:
+        shards: int = 1, rng: list[torch.Tensor] | None = None) -> list[ReferenceStep]:
     """Returns per-step grads (None where absent), clip norm and params, all in float32 on CPU.
 
     `model` is bare and single-process, with the same parameter names as the cell's model
@@ -90,7 +115,10 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     optimizer holds a subset of the trainable params.
     `buffers`: the buffers the stack's model held after wrapping, the reference's start (else the bare model's own).
     `shards`: each step runs each of that many data-parallel ranks' rows alone, with that rank's buffers, and
-    averages their losses (a model whose rows are coupled, `coupled_modules`); the steps record rank 0's buffers.
+    averages their losses (a model whose rows are coupled, `coupled_modules`, or whose forward draws random numbers,
+    `random_draws`); the steps record rank 0's buffers.
+    `rng`: by step, the CPU generator state the ranks drew that step's masks from: each rank's rows are replayed from
+    it (`shards`), so dropout draws the masks the ranks drew.
     """
     h = cell.hyper
     with torch.no_grad():
@@ -130,7 +158,9 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
             if compute_dtype is not None:
                 for name in plan.optimized:
                     params[name].grad = None
-        loss = loss_of(model, batch) if shards == 1 else _per_rank_loss(model, loss_of, batch, states, slots)
+        drawn = rng[step] if rng is not None else None
+        loss = (loss_of(model, batch) if shards == 1 and drawn is None
+                else _per_rank_loss(model, loss_of, batch, states, slots, drawn))
         if loss.requires_grad:
             loss.backward()
         grads = {n: (None if p.grad is None else p.grad.detach().float().clone()) for n, p in params.items()}

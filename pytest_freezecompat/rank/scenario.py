@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext
+from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext, rows_of
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, held_buffers, resolve
 from ..core.names import CANONICAL_LOOP, LOOP_CONVENTIONS, headline, import_ref, short_paths
@@ -171,6 +171,17 @@ class Recorder:
     def step_started(self, step: int) -> None:
         self.step = step
 
+    def loss_started(self, batch: Batch, on_cpu: bool) -> None:
+        """A loss call of the step under way: the first one records the CPU generator's state (what dropout draws
+        from, `on_cpu`) and its rows; every one is counted."""
+        if self.step is None:
+            return
+        entry = self._step(self.step)
+        if not entry.forwards:
+            entry.rng = torch.get_rng_state().numpy().copy() if on_cpu else None
+            entry.rows = next((len(value) for value in batch.values() if isinstance(value, torch.Tensor)), None)
+        entry.forwards += 1
+
     def _keeps_tensors(self) -> bool:
         """Rank 0 keeps every step's tensors; every other rank its training steps' too, so that the controller
         judges each rank's grads and params against rank 0's (a replica that drifts is as wrong as rank 0)."""
@@ -291,6 +302,40 @@ _REFERENCES: reference.Memo[list[StepFacts]] = reference.Memo()
 _EAGER: reference.Memo[dict[str, torch.Tensor]] = reference.Memo(size=64)
 #: Which modules of a model (built as a pattern's `eval` leaves it) couple a batch's rows (`reference.coupled_modules`).
 _COUPLED: reference.Memo[list[str]] = reference.Memo(size=64)
+#: What in a model (built likewise) draws random numbers in its forward (`reference.random_draws`).
+_DRAWN: reference.Memo[list[str]] = reference.Memo(size=64)
+
+
+def resumed_states(record: RankRecord, rng: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    """The generator states the round trip's run drew from, by step: the uninterrupted run's up to the save, the
+    resumed run's after it; None where nothing is replayed, where they are the uninterrupted run's (the stack
+    restored the generator) or where a resumed step cannot be replayed (`unreplayable`)."""
+    resume = record.resume
+    if rng is None or resume is None or len(resume.steps) < len(rng):
+        return None
+    after = resume.steps[resume.saved_after + 1:len(rng)]
+    if not after or unreplayable(after, 1, record.steps[0].rows or 0) is not None:
+        return None
+    states = [*rng[:resume.saved_after + 1], *(torch.from_numpy(step.rng) for step in after)]
+    return None if all(torch.equal(a, b) for a, b in zip(states, rng)) else states
+
+
+def unreplayable(steps: list[StepFacts], world_size: int, rows_per_rank: int) -> str | None:
+    """Why a per-rank replay cannot draw the masks the ranks drew (None: it can): each rank's step must run the
+    cell's loss once, on the CPU generator, over one data-parallel rank's rows."""
+    for step, facts in enumerate(steps):
+        if not facts.forwards:
+            return f"the stack's own forward ran step {step} (not the cell's loss), so no generator state was read"
+        if facts.rng is None:
+            return (f"step {step} drew its masks on the accelerator's generator; the reference replays on CPU "
+                    "(a CPU run replays them)")
+        if facts.forwards > 1:
+            return (f"the cell's loss ran {facts.forwards} times in step {step} (micro-batches); the replay draws "
+                    "each rank's rows at once")
+        if facts.rows != rows_per_rank:
+            return (f"the loss took {facts.rows} rows in step {step}, not one of {world_size} data-parallel ranks' "
+                    f"{rows_per_rank} (tensor or pipeline parallelism); the replay runs data-parallel ranks")
+    return None
 
 
 def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str, torch.Tensor],
@@ -309,23 +354,37 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
     # alone, the grads averaged (`reference.run`'s `shards`).
     model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
-    coupled = [] if record.syncs_norms else _COUPLED.get(reference.digest(model, cell.pattern, dict(cell.groups)),
-                                                          lambda: reference.coupled_modules(bare()[0]))
-    shards = cell.world_size if coupled else 1
+    built = reference.digest(model, cell.pattern, dict(cell.groups))
+    coupled = [] if record.syncs_norms else _COUPLED.get(built, lambda: reference.coupled_modules(bare()[0]))
+    record.draws_random = _DRAWN.get(built, lambda: reference.random_draws(
+        *bare(), rows_of(batches[0], 0, cell.world_size)))
+    if record.draws_random:
+        record.unreplayed = unreplayable(record.steps, cell.world_size, cell.hyper.batch_per_rank)
+    replays = bool(record.draws_random) and record.unreplayed is None
+    rng = [torch.from_numpy(step.rng) for step in record.steps] if replays else None
+    shards = cell.world_size if coupled or replays else 1
     if coupled:
         record.notes.append(f"reference: each rank's {cell.hyper.batch_per_rank} rows through the model alone, grads "
                             f"averaged, as data parallelism computes it (plain BatchNorm in train mode normalises "
                             f"each rank's rows apart: {', '.join(coupled[:3])}{' ...' if len(coupled) > 3 else ''}); "
                             "buffers judged against rank 0's rows")
+    if record.draws_random:
+        drawn = f"{', '.join(record.draws_random[:3])}{' ...' if len(record.draws_random) > 3 else ''}"
+        record.notes.append(
+            f"reference: the forward draws random numbers ({drawn}); each rank's rows replayed from the CPU generator "
+            "state the ranks drew each step's first loss from, grads averaged, as data parallelism computes it"
+            if replays else f"reference: the forward draws random numbers ({drawn}) that it cannot replay as the ranks "
+                            f"drew them: {record.unreplayed}")
     trains = (model, plan.names, plan.trainable, plan.optimized, plan.unused, dict(plan.rows), cell.hyper, shards)
-    reads = reference.digest(*trains, initial, buffers or {}, batches)  # once: the values' bytes are hashed
+    reads = reference.digest(*trains, initial, buffers or {}, batches, rng or [])  # once: the values' bytes are hashed
 
     def facts(compute_dtype: torch.dtype | None = None, resumed_after: int | None = None,
-              convention: str = CANONICAL_LOOP) -> list[StepFacts]:
-        key = reference.digest(reads, compute_dtype, resumed_after, convention)
+              convention: str = CANONICAL_LOOP, redrawn: list[torch.Tensor] | None = None) -> list[StepFacts]:
+        """`redrawn`: generator states by step in place of the run's (the resumed run's, after its load)."""
+        key = reference.digest(reads, compute_dtype, resumed_after, convention, redrawn or [])
         return _REFERENCES.get(key, lambda: _facts(reference.run(
             cell, plan, initial, batches, *bare(), compute_dtype=compute_dtype, resumed_after=resumed_after,
-            convention=convention, buffers=buffers, shards=shards)))
+            convention=convention, buffers=buffers, shards=shards, rng=redrawn or rng)))
 
     record.reference = facts()
     if cell.precision in reference.LOW_PRECISION:
@@ -341,23 +400,26 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     stale = outside - set(record.tracked or ())
     if record.resume is not None and stale:
         record.reference_resumed = facts(resumed_after=record.resume.saved_after)
+    redrawn = resumed_states(record, rng)
+    if record.resume is not None and redrawn is not None:
+        record.reference_redrawn = facts(resumed_after=record.resume.saved_after if stale else None, redrawn=redrawn)
 
-    def one_step(values: dict[str, torch.Tensor], batch: Batch) -> StepFacts:
-        """The reference's step on `batch` from `values`: its grads and clip norm (its update is never read)."""
-        key = reference.digest(*trains, values, buffers or {}, batch)
+    def one_step(values: dict[str, torch.Tensor], step: int) -> StepFacts:
+        """The reference's `step` from `values`: its grads and clip norm (its update is never read)."""
+        drawn = [rng[step]] if rng is not None else None
+        key = reference.digest(*trains, values, buffers or {}, batches[step], drawn or [])
         [taken] = _REFERENCES.get(key, lambda: [StepFacts(grads=to_numpy(s.grads), norm=s.norm)
-                                                for s in reference.run(cell, plan, values, [batch], *bare(),
-                                                                       buffers=buffers, shards=shards)])
+                                                for s in reference.run(cell, plan, values, [batches[step]], *bare(),
+                                                                       buffers=buffers, shards=shards, rng=drawn)])
         return taken
 
-    record.reference_at_own_params = [None, *(_at_own_params(record, step, batches[step], one_step, outside)
+    record.reference_at_own_params = [None, *(_at_own_params(record, step, one_step, outside)
                                               for step in range(1, min(len(record.steps), len(record.reference))))]
     eager = _EAGER.get(reference.digest(model), lambda: _eager_values(cell, adapter))
     record.init_matches_eager = all(torch.equal(values, initial[name]) for name, values in eager.items())
 
 
-def _at_own_params(record: RankRecord, step: int, batch: Batch,
-                   one_step: Callable[[dict[str, torch.Tensor], Batch], StepFacts],
+def _at_own_params(record: RankRecord, step: int, one_step: Callable[[dict[str, torch.Tensor], int], StepFacts],
                    outside: set[str]) -> StepFacts | None:
     """The reference's `step` taken at the params the stack held after the step before; None where those are
     the reference's own (bit for bit) or not a full set of them. The grads of `outside` params (trainable, in no
@@ -369,11 +431,11 @@ def _at_own_params(record: RankRecord, step: int, batch: Batch,
         return None
     if all(np.array_equal(own[n], along[n]) for n in own):
         return None
-    taken = one_step({name: torch.from_numpy(value) for name, value in own.items()}, batch)
+    taken = one_step({name: torch.from_numpy(value) for name, value in own.items()}, step)
     summed = {n: g for n, g in (record.reference[step].grads or {}).items() if n in outside and g is not None}
     if not summed:
         return taken
-    afresh = one_step({name: torch.from_numpy(value) for name, value in along.items()}, batch).grads or {}
+    afresh = one_step({name: torch.from_numpy(value) for name, value in along.items()}, step).grads or {}
     grads = dict(taken.grads or {})
     for name, total in summed.items():
         if grads.get(name) is not None and afresh.get(name) is not None:
@@ -412,10 +474,14 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         owners.append(buffer_owners(model))
         return plan
 
+    def drawn_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        recorder.loss_started(batch, on_cpu=torch.device(device).type == "cpu")
+        return loss(model, batch)
+
     adapter: Adapter | None = None
     try:
         ctx = RunContext(cell=cell, rank=rank, world_size=cell.world_size, device=device, probe=recorder,
-                         batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan, loss=loss,
+                         batches=batches, build_model=_builder(cell), resolve_plan=resolve_plan, loss=drawn_loss,
                          shim=import_ref(cell.shim) if cell.shim else None, kept=kept)
         adapter = import_ref(cell.adapter)()
         adapter.run(ctx)

@@ -427,6 +427,17 @@ def _accumulates(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFact
     return near_accumulated <= near_fresh
 
 
+def _moved_by(uninterrupted: StepFacts, ref: StepFacts, other: StepFacts
+              ) -> tuple[dict[str, Any], float | None, str | None, dict[str, Any]]:
+    """The uninterrupted run's grads, norm (its source) and params moved by what `other` (a reference of the same
+    steps drawn or resumed otherwise) changes in `ref`."""
+    norm = uninterrupted.norm
+    if norm is not None and ref.norm is not None and other.norm is not None:
+        norm += other.norm - ref.norm
+    return (_shifted(uninterrupted.grads, ref.grads, other.grads), norm, uninterrupted.norm_source,
+            _shifted(uninterrupted.params, ref.params, other.params))
+
+
 def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFacts | None,
                         shift_norm: bool = True) -> StepFacts:
     """What the resumed run's step should show: the uninterrupted run's, where no grad accumulates outside the
@@ -434,19 +445,20 @@ def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: S
     uninterrupted run shifted by the difference resuming makes to the reference."""
     if resumed_ref is None or not _accumulates(uninterrupted, ref, resumed_ref):
         return uninterrupted
-    norm = uninterrupted.norm
-    if shift_norm and norm is not None and ref.norm is not None and resumed_ref.norm is not None:
-        norm += resumed_ref.norm - ref.norm
-    return StepFacts(_shifted(uninterrupted.grads, ref.grads, resumed_ref.grads), norm, uninterrupted.norm_source,
-                     _shifted(uninterrupted.params, ref.params, resumed_ref.params))
+    grads, norm, source, params = _moved_by(uninterrupted, ref, resumed_ref)
+    return StepFacts(grads, norm if shift_norm else uninterrupted.norm, source, params)
 
 
 def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, rooms: dict[int, Room],
-                  lr: float, clips: bool, notes: list[str], convention: str = CANONICAL_LOOP) -> Problem | None:
+                  lr: float, clips: bool, notes: list[str], convention: str = CANONICAL_LOOP,
+                  compare_steps: bool = True, redrawn: list[StepFacts] | None = None) -> Problem | None:
     """The round trip against the uninterrupted run of the same cell (not the reference: a stack that trains
     wrongly is judged by the other checks; this one asks whether saving and loading changed anything). Grads of
     params no optimizer steps reach no weight and are left out; under `convention` = clipping over the optimizer's
-    params, the lost accumulation of those grads does not reach the norm either."""
+    params, the lost accumulation of those grads does not reach the norm either. `compare_steps`: False where the
+    resumed steps drew other dropout masks than the uninterrupted ones (`_resume_redrawn`) and nothing replays them;
+    `redrawn`: the reference replaying the resumed run's draws (`RankRecord.reference_redrawn`), which then stands
+    for the resumed reference."""
     resume = records[0].resume
     if resume is None:
         return None
@@ -516,10 +528,13 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
     if lost:
         found.append(f"after load, buffers differ from what was saved: {_names(lost)}")
         kinds.append("buffer-not-restored")
-    for step in range(resume.saved_after + 1, len(lead.steps)):
-        want_step = resumed_expectation(lead.steps[step], (lead.reference or [])[step],
-                                        lead.reference_resumed[step] if lead.reference_resumed else None,
-                                        shift_norm=convention != CLIP_OPTIMIZED_LOOP)
+    for step in range(resume.saved_after + 1, len(lead.steps) if compare_steps else 0):
+        if redrawn is not None:
+            want_step = StepFacts(*_moved_by(lead.steps[step], (lead.reference or [])[step], redrawn[step]))
+        else:
+            want_step = resumed_expectation(lead.steps[step], (lead.reference or [])[step],
+                                            lead.reference_resumed[step] if lead.reference_resumed else None,
+                                            shift_norm=convention != CLIP_OPTIMIZED_LOOP)
         got = resume.steps[step] if step < len(resume.steps) else StepFacts()
         if got.params is None:
             found.append(f"the resumed run did not reach the end of step {step}")
@@ -670,14 +685,22 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     # zeroed or stay rank-local under a correct loop); that they never move is the update check's business.
     outside = set(plan.trainable) - set(plan.optimized)
     conventions = {CANONICAL_LOOP: lead.reference, **(lead.reference_conventions or {})}
+    # Dropout the reference could not replay: its trained params' grads, norm and updates are not the ranks'; what
+    # must hold whatever the masks (held params unmoved and without grads, buffers of frozen modules) is still judged.
+    unreplayed = lead.unreplayed or (_drawn_apart(records) if lead.draws_random else None)
+    if unreplayed:
+        held_names = (set(plan.names) - set(plan.trainable)) | (set(plan.names) - set(plan.optimized))
+        conventions = {c: [_held_only(s, held_names) for s in steps] for c, steps in conventions.items()}
+        notes.append(f"randomness not replayed: {unreplayed}; trained params' grads, norm and updates not compared")
     tried: dict[str, tuple[list[tuple[int, str, Problem]], list[str]]] = {}
     # Each loop along the reference's own path first: where one matches there, it names the loop the stack follows
     # (its norm may be unverifiable, its later grads still tell); then each again at the stack's own params.
-    for at_own_params in ([], lead.reference_at_own_params or []):
+    for at_own_params in ([], [] if unreplayed else lead.reference_at_own_params or []):
         for convention, ref_steps in conventions.items():
             scratch: list[str] = []
-            tried[convention] = (_training_failures(lead, records, ref_steps, rooms, tol, lr, clips, outside,
-                                                    at_own_params, scratch), scratch)
+            tried[convention] = (_training_failures(lead, records, ref_steps, rooms, tol, lr,
+                                                    clips and not unreplayed, outside, at_own_params, scratch),
+                                 scratch)
             if not tried[convention][0]:
                 break
         else:
@@ -688,8 +711,8 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     trained, step_notes = tried[convention]
     notes.extend(step_notes)
     failures: list[tuple[int, str, Problem]] = [*flags, *trained]
-    differences = _outside_differences(lead, outside, tol, rooms,
-                                       [] if trained else lead.reference_at_own_params or [])
+    differences = [] if unreplayed else _outside_differences(lead, outside, tol, rooms,
+                                                             [] if trained else lead.reference_at_own_params or [])
     if len(conventions) > 1:
         if convention != CANONICAL_LOOP and not trained:
             differences.insert(0, f"the weights follow the loop '{convention}', not '{CANONICAL_LOOP}' (the clip "
@@ -699,8 +722,14 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
                          "loops tried")
     ran_all = len(lead.steps) == len(lead.reference)
     failures.extend(_ranks_disagree(records, outside, tol, rooms))
-    failures.extend(_check_buffers(records, plan, lead.reference, tol, notes))
+    failures.extend(_check_buffers(records, plan, conventions[CANONICAL_LOOP], tol, notes))
+    # A resumed run that drew other masks than the uninterrupted one is judged against the reference replaying its
+    # own draws (`RankRecord.reference_redrawn`); without that replay its steps are not compared.
+    redrawn = _resume_redrawn(lead) if ran_all and cited is None else None
+    uncompared = redrawn is not None and (bool(unreplayed) or lead.reference_redrawn is None)
     unchecked = [what for what, missing in (
+        ("randomness", bool(unreplayed)),
+        ("resumed-steps", uncompared),
         ("grad_norm", clips and any(step.norm is None for step in lead.steps)),
         ("resume", ran_all and cited is None and lead.resume is None),
         ("ranks", any(step.params is None for record in records[1:] for step in record.steps[:len(lead.steps)])),
@@ -713,7 +742,16 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         resumed, trip_notes = (cited.problem, list(cited.notes)) if ran_all else (None, [])
         judged = None
     else:
-        resumed = _check_resume(records, plan, tol, rooms, lr, clips, trip_notes, convention) if ran_all else None
+        resumed = _check_resume(records, plan, tol, rooms, lr, clips, trip_notes, convention,
+                                compare_steps=not uncompared,
+                                redrawn=lead.reference_redrawn if redrawn is not None else None) if ran_all else None
+        if redrawn is not None:
+            trip_notes.append(
+                f"resumed step {redrawn} drew its masks from another generator state than the uninterrupted run's "
+                "(the stack does not restore it on resume): " + (
+                    "the resumed steps' grads, norm and updates not compared" if uncompared else
+                    "the resumed steps judged against the uninterrupted run moved by what the resumed draws change "
+                    "in the reference"))
         judged = (RoundTrip("", lead.resume.api, resumed, tuple(trip_notes))
                   if ran_all and lead.resume is not None else None)
     notes.extend(trip_notes)
@@ -847,6 +885,37 @@ def tolerance_used(lead: RankRecord, ref_steps: list[StepFacts], rooms: dict[int
 
 def _without(values: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:
     return {n: v for n, v in (values or {}).items() if n not in names}
+
+
+def _held_only(step: StepFacts, held: set[str]) -> StepFacts:
+    """What of a reference step holds whatever dropout drew: no grad where it has none, held params' values."""
+    return StepFacts(grads={n: None for n, g in (step.grads or {}).items() if g is None}, norm=step.norm,
+                     params={n: v for n, v in (step.params or {}).items() if n in held})
+
+
+def _drawn_apart(records: list[RankRecord]) -> str | None:
+    """Where another rank drew a step's masks from another generator state than rank 0's (the reference replays rank
+    0's state for every rank's rows): which, in a line; None where every rank drew from rank 0's."""
+    lead = records[0]
+    for record in records[1:]:
+        for step, (mine, theirs) in enumerate(zip(lead.steps, record.steps)):
+            if mine.rng is None or theirs.rng is None or not np.array_equal(mine.rng, theirs.rng):
+                return (f"rank {record.rank} drew step {step}'s masks from another generator state than rank 0, "
+                        "whose state the reference replays for every rank's rows")
+    return None
+
+
+def _resume_redrawn(lead: RankRecord) -> int | None:
+    """The first resumed step whose masks came from another generator state than the uninterrupted run's at that
+    step (None: none did, or the forward draws no random numbers)."""
+    resume = lead.resume
+    if not lead.draws_random or resume is None:
+        return None
+    for step in range(resume.saved_after + 1, min(len(lead.steps), len(resume.steps))):
+        mine, theirs = lead.steps[step].rng, resume.steps[step].rng
+        if mine is None or theirs is None or not np.array_equal(mine, theirs):
+            return step
+    return None
 
 
 def _training_failures(lead: RankRecord, records: list[RankRecord], ref_steps: list[StepFacts],
