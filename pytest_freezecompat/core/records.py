@@ -157,6 +157,8 @@ class RankRecord:
     #: uninterrupted one (the stack does not restore it): the reference replaying the resumed run's states after the
     #: save, so the round trip is judged by what resuming changes, not by other masks.
     reference_redrawn: list[StepFacts] | None = None
+    #: rank 0, low-precision cells with `reference_redrawn`: the same as mixed precision runs it (its spread).
+    reference_redrawn_mixed: list[StepFacts] | None = None
     #: rank 0, where the optimizer holds a subset of what trains and the cell clips: the reference under each
     #: other correct form of the loop (`core.names.LOOP_CONVENTIONS`), by its name.
     reference_conventions: dict[str, list[StepFacts]] | None = None

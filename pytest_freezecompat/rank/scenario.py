@@ -402,7 +402,11 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
         record.reference_resumed = facts(resumed_after=record.resume.saved_after)
     redrawn = resumed_states(record, rng)
     if record.resume is not None and redrawn is not None:
-        record.reference_redrawn = facts(resumed_after=record.resume.saved_after if stale else None, redrawn=redrawn)
+        resumed_after = record.resume.saved_after if stale else None
+        record.reference_redrawn = facts(resumed_after=resumed_after, redrawn=redrawn)
+        if cell.precision in reference.LOW_PRECISION:
+            record.reference_redrawn_mixed = facts(reference.LOW_PRECISION[cell.precision], resumed_after,
+                                                   redrawn=redrawn)
 
     def one_step(values: dict[str, torch.Tensor], step: int) -> StepFacts:
         """The reference's `step` from `values`: its grads and clip norm (its update is never read)."""

@@ -427,17 +427,6 @@ def _accumulates(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFact
     return near_accumulated <= near_fresh
 
 
-def _moved_by(uninterrupted: StepFacts, ref: StepFacts, other: StepFacts
-              ) -> tuple[dict[str, Any], float | None, str | None, dict[str, Any]]:
-    """The uninterrupted run's grads, norm (its source) and params moved by what `other` (a reference of the same
-    steps drawn or resumed otherwise) changes in `ref`."""
-    norm = uninterrupted.norm
-    if norm is not None and ref.norm is not None and other.norm is not None:
-        norm += other.norm - ref.norm
-    return (_shifted(uninterrupted.grads, ref.grads, other.grads), norm, uninterrupted.norm_source,
-            _shifted(uninterrupted.params, ref.params, other.params))
-
-
 def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: StepFacts | None,
                         shift_norm: bool = True) -> StepFacts:
     """What the resumed run's step should show: the uninterrupted run's, where no grad accumulates outside the
@@ -445,20 +434,25 @@ def resumed_expectation(uninterrupted: StepFacts, ref: StepFacts, resumed_ref: S
     uninterrupted run shifted by the difference resuming makes to the reference."""
     if resumed_ref is None or not _accumulates(uninterrupted, ref, resumed_ref):
         return uninterrupted
-    grads, norm, source, params = _moved_by(uninterrupted, ref, resumed_ref)
-    return StepFacts(grads, norm if shift_norm else uninterrupted.norm, source, params)
+    norm = uninterrupted.norm
+    if shift_norm and norm is not None and ref.norm is not None and resumed_ref.norm is not None:
+        norm += resumed_ref.norm - ref.norm
+    return StepFacts(_shifted(uninterrupted.grads, ref.grads, resumed_ref.grads), norm, uninterrupted.norm_source,
+                     _shifted(uninterrupted.params, ref.params, resumed_ref.params))
 
 
 def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, rooms: dict[int, Room],
                   lr: float, clips: bool, notes: list[str], convention: str = CANONICAL_LOOP,
-                  compare_steps: bool = True, redrawn: list[StepFacts] | None = None) -> Problem | None:
+                  compare_steps: bool = True, redrawn: list[StepFacts] | None = None,
+                  redrawn_rooms: dict[int, Room] | None = None) -> Problem | None:
     """The round trip against the uninterrupted run of the same cell (not the reference: a stack that trains
     wrongly is judged by the other checks; this one asks whether saving and loading changed anything). Grads of
     params no optimizer steps reach no weight and are left out; under `convention` = clipping over the optimizer's
     params, the lost accumulation of those grads does not reach the norm either. `compare_steps`: False where the
     resumed steps drew other dropout masks than the uninterrupted ones (`_resume_redrawn`) and nothing replays them;
-    `redrawn`: the reference replaying the resumed run's draws (`RankRecord.reference_redrawn`), which then stands
-    for the resumed reference."""
+    `redrawn`: the reference replaying the resumed run's draws (`RankRecord.reference_redrawn`): the resumed steps
+    are judged against it, since the uninterrupted run drew other masks, with `redrawn_rooms` (a low precision's
+    spread along it) and Adam's flips where its grads are noise, as the training steps are."""
     resume = records[0].resume
     if resume is None:
         return None
@@ -528,9 +522,17 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
     if lost:
         found.append(f"after load, buffers differ from what was saved: {_names(lost)}")
         kinds.append("buffer-not-restored")
+    quiet: dict[str, Any] = {}
+    if redrawn is not None:
+        for step in range(resume.saved_after + 1):
+            _mark_quiet(quiet, redrawn[step], tol, (redrawn_rooms or {}).get(step, Room()))
+        rooms, against = redrawn_rooms or {}, "from the reference drawing the resumed masks"
+    else:
+        against = "from the uninterrupted run"
     for step in range(resume.saved_after + 1, len(lead.steps) if compare_steps else 0):
-        if redrawn is not None:
-            want_step = StepFacts(*_moved_by(lead.steps[step], (lead.reference or [])[step], redrawn[step]))
+        if redrawn is not None:  # other masks: only the reference drawing them says what the step should show
+            want_step = redrawn[step]
+            _mark_quiet(quiet, want_step, tol, rooms.get(step, Room()))
         else:
             want_step = resumed_expectation(lead.steps[step], (lead.reference or [])[step],
                                             lead.reference_resumed[step] if lead.reference_resumed else None,
@@ -545,9 +547,9 @@ def _check_resume(records: list[RankRecord], plan: PlanFacts, tol: Tolerance, ro
                 ("resumed-grads", _check_grads(step, _without(got.grads, outside), _without(want_step.grads, outside),
                                                tol, room, [])),
                 ("resumed-update", _check_update(step, got.params, want_step.params or {},
-                                                 lead.steps[step - 1].params or {}, tol, room, {}, lr))):
+                                                 lead.steps[step - 1].params or {}, tol, room, quiet, lr))):
             if problem:
-                found.append("resumed " + problem.text.replace("from reference", "from the uninterrupted run"))
+                found.append("resumed " + problem.text.replace("from reference", against))
                 kinds.append(kind)
                 named.update(problem.params)
         if clips and got.norm is not None and want_step.norm is not None and not np.isclose(
@@ -724,9 +726,11 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     failures.extend(_ranks_disagree(records, outside, tol, rooms))
     failures.extend(_check_buffers(records, plan, conventions[CANONICAL_LOOP], tol, notes))
     # A resumed run that drew other masks than the uninterrupted one is judged against the reference replaying its
-    # own draws (`RankRecord.reference_redrawn`); without that replay its steps are not compared.
+    # own draws (`RankRecord.reference_redrawn`, and in a low precision its mixed twin for the room); without that
+    # replay its steps are not compared.
     redrawn = _resume_redrawn(lead) if ran_all and cited is None else None
-    uncompared = redrawn is not None and (bool(unreplayed) or lead.reference_redrawn is None)
+    uncompared = redrawn is not None and (bool(unreplayed) or lead.reference_redrawn is None
+                                          or (mixed is not None and lead.reference_redrawn_mixed is None))
     unchecked = [what for what, missing in (
         ("randomness", bool(unreplayed)),
         ("resumed-steps", uncompared),
@@ -744,14 +748,15 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
     else:
         resumed = _check_resume(records, plan, tol, rooms, lr, clips, trip_notes, convention,
                                 compare_steps=not uncompared,
-                                redrawn=lead.reference_redrawn if redrawn is not None else None) if ran_all else None
+                                redrawn=lead.reference_redrawn if redrawn is not None else None,
+                                redrawn_rooms=_redrawn_rooms(lead) if mixed else None) if ran_all else None
         if redrawn is not None:
             trip_notes.append(
                 f"resumed step {redrawn} drew its masks from another generator state than the uninterrupted run's "
                 "(the stack does not restore it on resume): " + (
-                    "the resumed steps' grads, norm and updates not compared" if uncompared else
-                    "the resumed steps judged against the uninterrupted run moved by what the resumed draws change "
-                    "in the reference"))
+                    "the resumed steps' grads, norm and updates not compared (nothing replays the draws)"
+                    if uncompared else
+                    "the resumed steps judged against the reference replaying the resumed run's draws"))
         judged = (RoundTrip("", lead.resume.api, resumed, tuple(trip_notes))
                   if ran_all and lead.resume is not None else None)
     notes.extend(trip_notes)
@@ -903,6 +908,12 @@ def _drawn_apart(records: list[RankRecord]) -> str | None:
                 return (f"rank {record.rank} drew step {step}'s masks from another generator state than rank 0, "
                         "whose state the reference replays for every rank's rows")
     return None
+
+
+def _redrawn_rooms(lead: RankRecord) -> dict[int, Room]:
+    """A low-precision cell's room along the reference drawing the resumed masks, step by step."""
+    return {step: measured_room(ref, mixed) for step, (ref, mixed) in
+            enumerate(zip(lead.reference_redrawn or [], lead.reference_redrawn_mixed or []))}
 
 
 def _resume_redrawn(lead: RankRecord) -> int | None:
