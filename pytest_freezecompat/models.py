@@ -3,9 +3,10 @@
 `tiny-gpt` is GPT-shaped on purpose: token and position embeddings, a stack of
 pre-norm blocks, a final norm and an output head that is *not* tied to the
 embedding, so that every freeze pattern of the matrix names a distinct set of
-parameters. Two optional features exist only for the patterns that need them:
-LoRA adapters on the attention projections and a vision branch that a
-text-only batch never reaches.
+parameters. Optional features exist only for the patterns that need them:
+LoRA adapters on the attention projections, a vision branch that a
+text-only batch never reaches, and experts that each rank's rows reach apart
+(`experts`, `experts-unequal`, `dense`: see `TinyGPT._experts`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import functools
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ class TinyGPTConfig:
     lora_rank: int = 0
     vision: bool = False
     vision_dim: int = 12
+    experts: int = 0
+    experts_unequal: bool = False
+    dense: bool = False
 
 
 class LoRALinear(nn.Module):
@@ -60,6 +64,18 @@ class LoRALinear(nn.Module):
 
 def _linear(cfg: TinyGPTConfig, fan_in: int, fan_out: int, lora: bool) -> nn.Module:
     return LoRALinear(fan_in, fan_out, cfg.lora_rank) if lora and cfg.lora_rank else nn.Linear(fan_in, fan_out)
+
+
+class Expert(nn.Module):
+    """One expert's update (added to its rows' stream by the model); `hidden` sets its params' shapes."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
 
 
 class Block(nn.Module):
@@ -92,6 +108,11 @@ class TinyGPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.dim)
         self.pos_emb = nn.Embedding(cfg.seq, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        if cfg.experts:
+            # Unequal shapes make the ranks' packed grads differ in size (a loud mismatch); equal ones let a collective
+            # that packs only the grads a rank holds pair one expert's grad with another's without noticing.
+            self.experts = nn.ModuleList(Expert(cfg.dim, cfg.dim * (1 + index if cfg.experts_unequal else 1))
+                                         for index in range(cfg.experts))
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab)
         if cfg.vision:
@@ -116,7 +137,26 @@ class TinyGPT(nn.Module):
                 x = block(x)
             else:
                 x = checkpoint(block, x, use_reentrant=self.checkpoint_mode == "reentrant")
+        if self.cfg.experts:
+            x = self._experts(x, tokens)
         return self.head(self.ln_f(x))
+
+    def _experts(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Each row goes to the expert its first token names. Sparse, an expert that got no rows is skipped (as
+        transformers 4.x's Mixtral block did), so a rank whose rows all reach one expert leaves the other out of its
+        graph; `dense` runs every expert on every row and masks the outputs (the recipe: every expert in the graph)."""
+        route = tokens[:, 0] % self.cfg.experts
+        out = x
+        for index, expert in enumerate(self.experts):
+            chosen = route == index
+            if self.cfg.dense:
+                out = out + chosen.to(x.dtype)[:, None, None] * expert(x)
+                continue
+            rows = chosen.nonzero().flatten()
+            if rows.numel() == 0:
+                continue
+            out = out.index_add(0, rows, expert(x[rows]))
+        return out
 
 
 NORM_WEIGHT = re.compile(r"(^|\.)(ln[^.]*|[^.]*norm[^.]*)\.weight$|norm_weight$", re.IGNORECASE)
@@ -144,12 +184,32 @@ def init_weights(model: nn.Module, seed: int) -> None:
 MODELS = {"tiny-gpt": TinyGPT}
 
 
-def build(model_id: str, *, seed: int, lora: bool = False, vision: bool = False,
+#: The optional parts a freeze pattern's `features` may ask for.
+FEATURES = ("lora", "vision", "experts", "experts-unequal", "dense")
+#: How many experts the `experts` features build (each rank's rows reach one of them at world size 2).
+N_EXPERTS = 2
+
+
+def config(features: Collection[str] = ()) -> TinyGPTConfig:
+    """The tiny GPT's config with a pattern's features."""
+    unknown = sorted(set(features) - set(FEATURES))
+    if unknown:
+        raise ValueError(f"unknown model feature(s) {', '.join(unknown)}; valid: {', '.join(FEATURES)}")
+    experts = "experts" in features or "experts-unequal" in features
+    if "dense" in features and not experts:
+        raise ValueError("feature 'dense' runs the experts densely: ask for 'experts' or 'experts-unequal' too")
+    return TinyGPTConfig(lora_rank=4 if "lora" in features else 0, vision="vision" in features,
+                         experts=N_EXPERTS if experts else 0, experts_unequal="experts-unequal" in features,
+                         dense="dense" in features)
+
+
+def build(model_id: str, *, seed: int, features: Collection[str] = (),
           device: str | torch.device | None = None, initialize: bool = True) -> nn.Module:
-    """Build a reference model; `device="meta"` builds it without storage (deferred init)."""
+    """Build a reference model with a pattern's `features`; `device="meta"` builds it without storage (deferred
+    init)."""
     if model_id not in MODELS:
         raise KeyError(f"unknown model {model_id!r}; known: {', '.join(MODELS)}")
-    cfg = TinyGPTConfig(lora_rank=4 if lora else 0, vision=vision)
+    cfg = config(features)
     with torch.device(device) if device is not None else contextlib.nullcontext():
         model = MODELS[model_id](cfg)
     if initialize and device != "meta":
@@ -158,13 +218,17 @@ def build(model_id: str, *, seed: int, lora: bool = False, vision: bool = False,
 
 
 def make_batches(model_id: str, *, seed: int, steps: int, global_batch: int,
-                 vision: bool = False) -> list[dict[str, torch.Tensor]]:
-    """A fixed global batch per step; every rank takes its own rows of it."""
-    cfg = TinyGPTConfig(vision=vision)
+                 features: Collection[str] = ()) -> list[dict[str, torch.Tensor]]:
+    """A fixed global batch per step; every rank takes its own rows of it. With experts, row i's first token routes
+    it to expert `i * experts // global_batch`: each rank's contiguous rows (`adapters.base.rows_of`) reach one expert
+    at world size 2, another than the other rank's, in the same step."""
+    cfg = config(features)
     generator = torch.Generator().manual_seed(seed + 7919)
     batches = []
     for _ in range(steps):
         tokens = torch.randint(0, cfg.vocab, (global_batch, cfg.seq + 1), generator=generator)
+        if cfg.experts:
+            tokens[:, 0] = torch.arange(global_batch) * cfg.experts // global_batch
         batches.append({"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()})
     return batches
 

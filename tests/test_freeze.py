@@ -12,7 +12,7 @@ GROUPS = spec.load().models["tiny-gpt"]
 
 def plan_for(pattern_id: str) -> freeze.FreezePlan:
     pattern = PATTERNS[pattern_id]
-    model = models.build("tiny-gpt", seed=0, lora="lora" in pattern.features, vision="vision" in pattern.features)
+    model = models.build("tiny-gpt", seed=0, features=pattern.features)
     return freeze.resolve(pattern, GROUPS, [n for n, _ in model.named_parameters()])
 
 

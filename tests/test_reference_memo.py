@@ -49,7 +49,7 @@ def torch_cell(**axes: str) -> Cell:
 
 def _reference_of(cell: Cell, nudge: float = 0.0) -> RankRecord:
     """Rank 0's reference for `cell` from the model's eager values (plus `nudge` on one weight)."""
-    model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features)
+    model = models.build(cell.key.model, seed=cell.hyper.seed, features=cell.pattern.features)
     plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()])
     initial = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     first = next(iter(initial))

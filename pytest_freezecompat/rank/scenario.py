@@ -234,8 +234,8 @@ def _construct(cell: Cell, device: str | torch.device | None = None, initialize:
     every training loop and trainer calls it before stepping, so a model's own override (frozen BatchNorm kept in
     eval, the usual fix) runs for the stack's model and the reference's alike."""
     if cell.user_model is None:
-        model = models.build(cell.key.model, seed=cell.hyper.seed, lora="lora" in cell.pattern.features,
-                             vision="vision" in cell.pattern.features, device=device, initialize=initialize)
+        model = models.build(cell.key.model, seed=cell.hyper.seed, features=cell.pattern.features, device=device,
+                             initialize=initialize)
     else:
         torch.manual_seed(cell.hyper.seed)
         with torch.device(device) if device is not None else contextlib.nullcontext():
@@ -265,7 +265,7 @@ def _data(cell: Cell) -> tuple[list[Batch], LossOf]:
     global_batch = cell.hyper.batch_per_rank * cell.world_size
     if cell.user_model is None:
         batches = models.make_batches(cell.key.model, seed=cell.hyper.seed, steps=cell.hyper.steps,
-                                      global_batch=global_batch)
+                                      global_batch=global_batch, features=cell.pattern.features)
         return batches, reference.tiny_loss
     make_batch = import_ref(cell.user_model.batch)
     batches = [make_batch(global_batch, step) for step in range(cell.hyper.steps)]

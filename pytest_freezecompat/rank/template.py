@@ -47,11 +47,12 @@ def _warm_up() -> None:
     from .. import models
     from .reference import tiny_loss
 
-    models.build("tiny-gpt", seed=0, lora=True, vision=True, device="meta", initialize=False).to_empty(device="cpu")
+    meta = models.build("tiny-gpt", seed=0, features=("lora", "vision"), device="meta", initialize=False)
+    meta.to_empty(device="cpu")
     if os.environ.get(GPU_VISIBLE) == "1":  # asked in the controller: here even NVML would start a thread
         return
     for mode in models.CHECKPOINT_MODES:
-        model = models.build("tiny-gpt", seed=0, lora=True)
+        model = models.build("tiny-gpt", seed=0, features=("lora",))
         models.apply_checkpointing(model, mode)
         optimizer = torch.optim.AdamW(model.parameters())
         tiny_loss(model, models.make_batches("tiny-gpt", seed=0, steps=1, global_batch=2)[0]).backward()

@@ -71,26 +71,31 @@ def zero_param_grads(optimizer: Any, params: list[nn.Parameter]) -> list[torch.T
     kept flat and sharded, each rank's slice the same size (padded to a multiple of the ranks): the ranks' slices
     in rank order, cut to the param's size. In 0.3.x the grad store keeps, per param group and param id, the slices
     this rank holds (every rank's slice under stage 1, its own under stage 2), its own at `_working_index`. A store
-    over several groups (0.4's n-d tuple) takes `get_param_grad`."""
+    over several groups (0.4's n-d tuple) takes `get_param_grad`.
+
+    The ranks may hold slices of different params: where their forwards reached different params, ZeRO's buckets
+    paired one rank's grad with another's (`rank-divergent`). A param only some ranks hold a slice of has no whole
+    grad anywhere: None, which the verdict judges against the reference's grad (never a grad made up here)."""
     grads: list[torch.Tensor | None] = [None] * len(params)
     by_group: dict[int, tuple[Any, list[tuple[int, torch.Tensor]]]] = {}
     for index, param in enumerate(params):
         local, group = _own_grad_slice(optimizer, param)
-        if local is None:
-            continue
         if isinstance(group, tuple):
-            grads[index] = optimizer.get_param_grad(param)
+            grads[index] = None if local is None else optimizer.get_param_grad(param)
             continue
-        by_group.setdefault(id(group), (group, []))[1].append((index, local.flatten()))
+        held = by_group.setdefault(id(group), (group, []))[1]  # every rank joins its group's gather, holding or not
+        if local is not None:
+            held.append((index, local.flatten()))
     for group, held in by_group.values():
         sizes = all_gather_json([[index, local.numel()] for index, local in held], group)
-        if any(rank_sizes != sizes[0] for rank_sizes in sizes):
-            raise RuntimeError(f"the ranks hold ZeRO grads of different params (index, size): {sizes}")
         by_rank = all_gather_tensors([local for _, local in held], group,
                                      shapes=[[[size] for _, size in rank_sizes] for rank_sizes in sizes])
-        for position, (index, local) in enumerate(held):
-            whole = torch.cat([slices[position] for slices in by_rank])[:params[index].numel()]
-            grads[index] = whole.view_as(params[index]).to(local.device, local.dtype)
+        slices = [{index: piece for (index, _), piece in zip(rank_sizes, pieces)}
+                  for rank_sizes, pieces in zip(sizes, by_rank)]
+        for index, local in held:
+            if all(index in rank_slices for rank_slices in slices):
+                whole = torch.cat([rank_slices[index] for rank_slices in slices])[:params[index].numel()]
+                grads[index] = whole.view_as(params[index]).to(local.device, local.dtype)
     return grads
 
 
