@@ -25,6 +25,17 @@ def of(params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
     return {name: NAMES.get(param.dtype, str(param.dtype)) for name, param in params if not is_quantized(param)}
 
 
+def hold_as(model: torch.nn.Module, dtypes: Mapping[str, str]) -> torch.nn.Module:
+    """`model` with each param in the dtype the stack's own build of it held (`deepspeed.zero.Init` builds a bf16
+    model in its config's dtype): the reference runs the model as the user holds it under the cell's init."""
+    by_name = {name: dtype for dtype, name in NAMES.items()}
+    for name, param in model.named_parameters():
+        wanted = by_name.get(dtypes.get(name, ""))
+        if wanted is not None and param.dtype != wanted:
+            param.data = param.data.to(wanted)
+    return model
+
+
 def precision(dtypes: Mapping[str, str]) -> str:
     """The dtypes as a precision reads (`bf16+fp32`); `fp32` for a model with no float params of its own."""
     return "+".join(sorted(set(dtypes.values()))) or "fp32"

@@ -304,12 +304,13 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
             model_and_loss = adapter.reference_model(cell)
             assert model_and_loss is not None
             return model_and_loss
-        return _construct(cell, "cpu", initialize=False), loss
+        return dtypes.hold_as(_construct(cell, "cpu", initialize=False), record.dtypes), loss
 
     # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains. A model
     # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
     # alone, the grads averaged (`reference.run`'s `shards`).
-    model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
+    model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed,
+             record.dtypes)
     coupled = [] if record.syncs_norms else _COUPLED.get(reference.digest(model, cell.pattern, dict(cell.groups)),
                                                           lambda: reference.coupled_modules(bare()[0]))
     shards = cell.world_size if coupled else 1
