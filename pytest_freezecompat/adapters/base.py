@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from ..core import dtypes
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, RowRange, is_quantized
 
@@ -179,7 +180,7 @@ class AdapterBase:
 
 
 #: How cells name a precision, by the dtype the model computes in.
-PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+PRECISION_NAMES = dtypes.NAMES
 
 
 def precision_of(model: nn.Module) -> str:

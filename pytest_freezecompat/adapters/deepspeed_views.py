@@ -115,10 +115,10 @@ def engine_dtype(engine: Any) -> torch.dtype:
 
 def computes_in(engine: Any) -> str:
     """The dtype of the module's params (`precision_of`), where the engine's own switch (`engine_dtype`) agrees with
-    it; else both."""
+    it or is fp32 (the engine casts nothing: a model's own bf16 params stay as it holds them); else both."""
     params = precision_of(engine.module)
     switched = PRECISION_NAMES[engine_dtype(engine)]
-    return params if params == switched else f"{params} (the engine's config: {switched})"
+    return params if switched in (params, "fp32") else f"{params} (the engine's config: {switched})"
 
 
 def grad_access(plugin: Plugin) -> str:

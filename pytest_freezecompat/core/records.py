@@ -147,8 +147,11 @@ class RankRecord:
     plan: PlanFacts | None = None
     #: The bare model's aliases, each with its tensor's first name (`core.ties`), read before wrapping.
     tied: dict[str, str] = field(default_factory=dict)
+    #: The bare model's own storage dtype per param (`core.dtypes`), read before wrapping.
+    dtypes: dict[str, str] = field(default_factory=dict)
     reference: list[StepFacts] | None = None  # rank 0: the single-process reference's steps
-    #: rank 0, low-precision cells: the same reference run as mixed precision does (the precision's own spread)
+    #: rank 0, low-precision cells: the same reference run as mixed precision does (the precision's own spread); a
+    #: model that holds its own low-precision params: the reference upcast to fp32 (the spread its dtypes cost)
     reference_mixed: list[StepFacts] | None = None
     #: rank 0, where grads accumulate outside the optimizer: the reference resumed after the save (no grad
     #: survives a checkpoint), so the round trip is judged by what resuming itself changes.

@@ -108,7 +108,7 @@ def run(cell: Cell, plan: FreezePlan, initial: Tensors, batches: list[dict[str, 
     `model` is bare and single-process, with the same parameter names as the cell's model
     (its values are replaced by `initial`); `loss_of(model, batch)` computes its loss.
     `compute_dtype`: run as mixed precision does, with the model and its floating-point inputs in that dtype and fp32
-    masters.
+    masters (float32: a model that holds its own bf16/fp16 params, upcast).
     `resumed_after`: the process stops after that step and resumes from a model checkpoint: no grad survives
     (grads of params outside the optimizer stop accumulating there).
     `convention`: how the loop zeroes and clips (`core.names.LOOP_CONVENTIONS`); it matters only where the

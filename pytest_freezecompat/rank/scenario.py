@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import models
 from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext, rows_of
+from ..core import dtypes
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, held_buffers, resolve
 from ..core.names import CANONICAL_LOOP, LOOP_CONVENTIONS, headline, import_ref, short_paths
@@ -348,12 +349,13 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
             model_and_loss = adapter.reference_model(cell)
             assert model_and_loss is not None
             return model_and_loss
-        return _construct(cell, "cpu", initialize=False), loss
+        return dtypes.hold_as(_construct(cell, "cpu", initialize=False), record.dtypes), loss
 
     # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains. A model
     # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
     # alone, the grads averaged (`reference.run`'s `shards`).
-    model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed)
+    model = (cell.adapter if own else None, cell.key.model, cell.user_model, cell.pattern.features, cell.hyper.seed,
+             record.dtypes)
     built = reference.digest(model, cell.pattern, dict(cell.groups))
     coupled = [] if record.syncs_norms else _COUPLED.get(built, lambda: reference.coupled_modules(bare()[0]))
     record.draws_random = _DRAWN.get(built, lambda: reference.random_draws(
@@ -389,6 +391,8 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     record.reference = facts()
     if cell.precision in reference.LOW_PRECISION:
         record.reference_mixed = facts(compute_dtype=reference.LOW_PRECISION[cell.precision])
+    elif dtypes.own_low_precision(record.dtypes):  # the reference runs the model as held; this is its spread
+        record.reference_mixed = facts(compute_dtype=torch.float32)
     # The optimizer holds a subset of what trains: the loop's other correct forms give the optimizer's params
     # other updates only through the clip norm (without clipping, only grads that reach no weight differ).
     outside = set(plan.trainable) - set(plan.optimized)
@@ -474,6 +478,9 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()], ties)
         if not plans:
             record.tied = ties
+            record.dtypes = dtypes.of(model.named_parameters())
+            if dtypes.own_low_precision(record.dtypes):
+                record.observed["model_dtypes"] = dtypes.summary(record.dtypes, plan.trainable)
         plans.append(plan)
         owners.append(buffer_owners(model))
         return plan

@@ -21,13 +21,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..core import ties
+from ..core import dtypes, ties
 from ..core.cell import Cell
 from ..core.messages import RENDEZVOUS_PHASE
 from ..core.names import CANONICAL_LOOP, CHECKS, CLIP_OPTIMIZED_LOOP
@@ -102,14 +102,18 @@ LOW_PRECISION_FLOOR = 2.0 ** -7
 CANCELLATION_FLOOR = 2.0 ** -10
 
 
-def measured_room(ref: StepFacts, mixed: StepFacts) -> Room:
-    """The room a low-precision cell gets at one step, from the two reference runs (SPREAD_FACTOR times it)."""
+def measured_room(ref: StepFacts, mixed: StepFacts, stored: Mapping[str, str] | None = None) -> Room:
+    """The room a low-precision cell gets at one step, from the two reference runs (SPREAD_FACTOR times it). A param
+    the model stores in bf16/fp16 (`stored`: name -> dtype) rounds every update to it: its params get at least
+    SPREAD_FACTOR storage ulps of its largest value (`dtypes.STORAGE_ULP`), whatever the spread measured."""
     pairs = {n: (r, (mixed.grads or {}).get(n)) for n, r in (ref.grads or {}).items()}
     pairs = {n: (r, m) for n, (r, m) in pairs.items() if r is not None and m is not None and r.shape == m.shape}
     scales = {n: float(np.max(np.abs(r), initial=0.0)) for n, (r, _) in pairs.items()}
     relative = {n: float(np.max(np.abs(m - r))) / scales[n] for n, (r, m) in pairs.items() if scales[n] > 0}
     widest = max(relative.values(), default=0.0)
-    params = {n: SPREAD_FACTOR * float(np.max(np.abs(mixed.params[n] - r), initial=0.0))
+    params = {n: SPREAD_FACTOR * max(float(np.max(np.abs(mixed.params[n] - r), initial=0.0)),
+                                     dtypes.STORAGE_ULP.get((stored or {}).get(n, ""), 0.0)
+                                     * float(np.max(np.abs(r), initial=0.0)))
               for n, r in (ref.params or {}).items() if n in (mixed.params or {}) and mixed.params[n].shape == r.shape}
     norm_spread = max(abs((mixed.norm or 0.0) - (ref.norm or 0.0)), widest * abs(ref.norm or 0.0))
     cancelled = CANCELLATION_FLOOR * max(scales.values(), default=0.0)
@@ -673,10 +677,12 @@ def judge_records(records: list[RankRecord], precision: str, may_refuse: bool = 
         "values after wrapping differ from eager init (materialization or a cast at wrap; training is judged "
         "from the values after wrapping)"]
     tol = dataclasses.replace(FP32, **(tolerance or {}))
+    if precision == "fp32" and dtypes.own_low_precision(lead.dtypes):  # judged in the dtypes the model holds
+        precision = dtypes.precision(lead.dtypes)
     mixed = lead.reference_mixed if precision != "fp32" else None
     rooms: dict[int, Room] = {}
     for step, ref in enumerate(lead.reference):
-        room = rooms[step] = measured_room(ref, mixed[step]) if mixed else Room()
+        room = rooms[step] = measured_room(ref, mixed[step], lead.dtypes) if mixed else Room()
         if mixed:
             notes.append(f"step {step}: {precision} judged with {SPREAD_FACTOR:g}x its measured spread (widest "
                          f"relative grad spread {room.spread:.2e}, norm room {room.norm:.2e})")
@@ -998,6 +1004,8 @@ def judge(run: CellRun, cell: Cell, timeout_s: float, cited: RoundTrip | None = 
     if other_stack is not None:  # the verdict would be about a setup the cell does not name
         verdict = Verdict(Status.ERROR, None, other_stack, verdict.notes, harness=True,
                           raised_in=verdict.raised_in or "wrapping")
+    elif cast := stack.casts(cell, [s.record for s in run.ranks if s.record is not None]):
+        verdict.notes.append(cast)
     if verdict.tolerance is None:  # nothing was judged (a refusal, a hang): the tolerances it would have met
         base = dataclasses.replace(FP32, **(cell.tolerance or {}))
         verdict.tolerance = stated_tolerance(base, cell.precision, {})

@@ -8,6 +8,7 @@ seen, never a verdict about the stack.
 
 from __future__ import annotations
 
+from ..core import dtypes
 from ..core.cell import Cell
 from ..core.records import RankRecord
 
@@ -37,14 +38,15 @@ def mismatch(cell: Cell, records: list[RankRecord]) -> str | None:
 
     A promised fact seen with another value, on any rank, is a mismatch wherever it was seen. A fact the cell
     promises or its adapter always observes but that was never reported counts only on a rank that wrapped (a
-    refusal may come before it).
+    refusal may come before it). An fp32 cell of a model that holds its own bf16/fp16 params promises to run it as
+    held: a cast is `casts`' note on a judged row, not another stack.
     """
     problems = []
     for record in records:
         wrapped = record.requires_grad is not None
         for fact in dict.fromkeys((*cell.observes, *cell.promised_stack)):
             seen = record.observed.get(fact)
-            want = cell.promised_stack.get(fact)
+            want = None if fact == "precision" and as_held(cell, record) else cell.promised_stack.get(fact)
             if seen is None:
                 if wrapped:
                     problems.append(f"rank {record.rank} did not observe {fact}")
@@ -53,3 +55,20 @@ def mismatch(cell: Cell, records: list[RankRecord]) -> str | None:
     if not problems:
         return None
     return "the stack that ran is not the cell's: " + "; ".join(dict.fromkeys(problems))
+
+
+def as_held(cell: Cell, record: RankRecord) -> bool:
+    """The cell's precision config casts nothing (fp32) and the model holds its own low-precision params."""
+    return cell.precision == "fp32" and dtypes.own_low_precision(record.dtypes)
+
+
+def casts(cell: Cell, records: list[RankRecord]) -> str | None:
+    """Where a stack that promised to run the model as held shows params in other dtypes than the model held: the
+    row's note, one line (judged against the model as held, so what the cast costs shows in the verdict)."""
+    held = {record.rank: dtypes.precision(record.dtypes) for record in records}
+    seen = {record.observed["precision"] for record in records
+            if as_held(cell, record) and record.observed.get("precision", held[record.rank]) != held[record.rank]}
+    if not seen:
+        return None
+    return (f"the stack holds the model's params as {', '.join(sorted(seen))}; the model held {held[records[0].rank]} "
+            f"({records[0].observed.get('model_dtypes', '')}): judged against the model as held")
