@@ -152,7 +152,8 @@ WORDS = {"flag-changed": "requires_grad changed by wrapping: {} (False->True)",
          "resumed-grads": "resumed step 1: grad differs from the uninterrupted run: {} (max abs diff 2.00e-03)",
          "resumed-update": "resumed step 1: update differs from the uninterrupted run: {} (max abs diff 2.00e-03)"}
 #: Param names a `params` regex may ask for (the first that matches is named).
-NAMES = ("blocks.2.fc1.weight", "ln_f.weight", "vision.0.weight", "decoder.layers.0.self_attention.linear_qkv.bias",
+NAMES = ("blocks.2.fc1.weight", "ln_f.weight", "vision.0.weight", "experts.0.up.weight",
+         "decoder.layers.0.self_attention.linear_qkv.bias",
          "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight")
 
 

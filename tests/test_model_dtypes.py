@@ -11,6 +11,7 @@ import torch
 from own_project import TOKEN_DATA
 from test_observed_stack import cell, record
 
+from pytest_freezecompat.adapters.base import dtypes_of
 from pytest_freezecompat.core import dtypes
 from pytest_freezecompat.core.records import PlanFacts, RankRecord, StepFacts
 from pytest_freezecompat.verdict import checks, stack
@@ -20,7 +21,7 @@ HELD = {"base.weight": "bf16", "lora.weight": "fp32"}
 
 def test_the_dtypes_a_model_holds_are_named_per_param_and_summed_up_by_what_trains():
     model = torch.nn.ModuleDict({"base": torch.nn.Linear(2, 2, dtype=torch.bfloat16), "lora": torch.nn.Linear(2, 2)})
-    held = dtypes.of(model.named_parameters())
+    held = dtypes_of(model.named_parameters())
     assert held == {"base.weight": "bf16", "base.bias": "bf16", "lora.weight": "fp32", "lora.bias": "fp32"}
     assert dtypes.precision(held) == "bf16+fp32" and dtypes.own_low_precision(held)
     assert dtypes.summary(held, ["lora.weight", "lora.bias"]) == "bf16 frozen, fp32 trained"

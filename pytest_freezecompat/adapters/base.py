@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from ..core import dtypes
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, RowRange, is_quantized
 
@@ -180,7 +179,25 @@ class AdapterBase:
 
 
 #: How cells name a precision, by the dtype the model computes in.
-PRECISION_NAMES = dtypes.NAMES
+PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def dtypes_of(params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
+    """Param name -> its storage dtype's name (`core.dtypes`); packed quantized weights are left out (their layer
+    computes in its own compute dtype)."""
+    return {name: PRECISION_NAMES.get(param.dtype, str(param.dtype)) for name, param in params
+            if not is_quantized(param)}
+
+
+def hold_as(model: nn.Module, dtypes: Mapping[str, str]) -> nn.Module:
+    """`model` with each param in the dtype the stack's own build of it held (`deepspeed.zero.Init` builds a bf16
+    model in its config's dtype): the reference runs the model as the user holds it under the cell's init."""
+    by_name = {name: dtype for dtype, name in PRECISION_NAMES.items()}
+    for name, param in model.named_parameters():
+        wanted = by_name.get(dtypes.get(name, ""))
+        if wanted is not None and param.dtype != wanted:
+            param.data = param.data.to(wanted)
+    return model
 
 
 def precision_of(model: nn.Module) -> str:

@@ -8,32 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import torch
-
-from .freeze import is_quantized
-
-#: How cells name a dtype a model computes or stores in.
-NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: The relative spacing of a stored value (one ulp of its magnitude, at most): a trained param kept in that dtype
 #: rounds each update to it, so two correct runs may sit this far apart per step.
 STORAGE_ULP = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
-
-
-def of(params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
-    """Param name -> its storage dtype's name; packed quantized weights are left out (their layer computes in its
-    own compute dtype)."""
-    return {name: NAMES.get(param.dtype, str(param.dtype)) for name, param in params if not is_quantized(param)}
-
-
-def hold_as(model: torch.nn.Module, dtypes: Mapping[str, str]) -> torch.nn.Module:
-    """`model` with each param in the dtype the stack's own build of it held (`deepspeed.zero.Init` builds a bf16
-    model in its config's dtype): the reference runs the model as the user holds it under the cell's init."""
-    by_name = {name: dtype for dtype, name in NAMES.items()}
-    for name, param in model.named_parameters():
-        wanted = by_name.get(dtypes.get(name, ""))
-        if wanted is not None and param.dtype != wanted:
-            param.data = param.data.to(wanted)
-    return model
 
 
 def precision(dtypes: Mapping[str, str]) -> str:

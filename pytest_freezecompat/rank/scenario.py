@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext, rows_of
+from ..adapters.base import Adapter, Batch, KeptState, LossOf, ModelView, RunContext, dtypes_of, hold_as, rows_of
 from ..core import dtypes
 from ..core.cell import Cell
 from ..core.freeze import FreezePlan, held_buffers, resolve
@@ -349,7 +349,7 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
             model_and_loss = adapter.reference_model(cell)
             assert model_and_loss is not None
             return model_and_loss
-        return dtypes.hold_as(_construct(cell, "cpu", initialize=False), record.dtypes), loss
+        return hold_as(_construct(cell, "cpu", initialize=False), record.dtypes), loss
 
     # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains. A model
     # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
@@ -478,7 +478,7 @@ def run_cell(cell: Cell, rank: int, device: torch.device, send_phase: Callable[[
         plan = resolve(cell.pattern, cell.groups, [n for n, _ in model.named_parameters()], ties)
         if not plans:
             record.tied = ties
-            record.dtypes = dtypes.of(model.named_parameters())
+            record.dtypes = dtypes_of(model.named_parameters())
             if dtypes.own_low_precision(record.dtypes):
                 record.observed["model_dtypes"] = dtypes.summary(record.dtypes, plan.trainable)
         plans.append(plan)
