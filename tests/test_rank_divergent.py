@@ -81,3 +81,15 @@ def test_fsdp2_mixes_the_experts_grads_silently_and_the_dense_recipe_trains_righ
     assert (mixed["status"], mixed["severity"], mixed["check"]) == ("fail", "silent", "grads")
     assert mixed["known_issue"]["id"] == "torch-fsdp2-rank-divergent-grads-mixed"
     assert cells[("fsdp2", "rank-divergent-dense")]["status"] == "pass"
+
+
+def test_the_params_only_some_ranks_rows_reach_are_found_from_the_model_itself():
+    """What names a user's MoE on its row: each rank's rows alone, which params get a grad on some ranks only."""
+    features = ("experts",)
+    model = models.build("tiny-gpt", seed=0, features=features)
+    batches = models.make_batches("tiny-gpt", seed=0, steps=2, global_batch=4, features=features)
+    divergent = reference.rank_divergent(model, reference.tiny_loss, batches, world_size=2)
+    assert divergent == sorted(f"experts.{e}.{layer}.{kind}" for e in (0, 1) for layer in ("up", "down")
+                               for kind in ("weight", "bias"))
+    dense = models.build("tiny-gpt", seed=0, features=(*features, "dense"))
+    assert reference.rank_divergent(dense, reference.tiny_loss, batches, world_size=2) == []

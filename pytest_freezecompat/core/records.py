@@ -141,6 +141,8 @@ class RankRecord:
     #: rank 0: what in the model draws random numbers in its forward (dropout with its p, or "the forward" where no
     #: module says which); empty where the forward draws none.
     draws_random: list[str] = field(default_factory=list)
+    #: rank 0: params that some ranks' rows reach and others' do not, in the same step (`reference.rank_divergent`).
+    rank_divergent: list[str] = field(default_factory=list)
     #: rank 0: why the reference could not replay those draws as the ranks made them (None: it replayed them, or
     #: there were none); the checks against the reference then leave the trained params unjudged.
     unreplayed: str | None = None

@@ -95,6 +95,33 @@ def random_draws(model: nn.Module, loss_of: LossOf, batch: dict[str, torch.Tenso
     return named or ["the forward (no dropout module or config field names the op)"]
 
 
+def rank_divergent(model: nn.Module, loss_of: LossOf, batches: list[dict[str, torch.Tensor]], world_size: int
+                   ) -> list[str]:
+    """Params that some data-parallel ranks' rows reach and others' do not, in the same step (an expert that got no
+    tokens on one rank, a task head, a VLM's tower on a text-only rank): each rank's rows of each batch through the
+    model alone, every param trainable; the generator is left as it was."""
+    state = torch.get_rng_state()
+    params = {name: param for name, param in model.named_parameters()
+              if param.is_floating_point() and not is_quantized(param)}
+    divergent: set[str] = set()
+    try:
+        for param in params.values():
+            param.requires_grad_(True)
+        for batch in batches:
+            reached = []
+            for rank in range(world_size):
+                model.zero_grad(set_to_none=True)
+                loss = loss_of(model, rows_of(batch, rank, world_size))
+                if loss.requires_grad:
+                    loss.backward()
+                reached.append({name for name, param in params.items() if param.grad is not None})
+            divergent |= set.union(*reached) - set.intersection(*reached)
+    finally:
+        model.zero_grad(set_to_none=True)
+        torch.set_rng_state(state)
+    return sorted(divergent)
+
+
 def tiny_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return models.loss_fn(model(batch["tokens"]), batch["targets"])
 

@@ -305,6 +305,8 @@ _EAGER: reference.Memo[dict[str, torch.Tensor]] = reference.Memo(size=64)
 _COUPLED: reference.Memo[list[str]] = reference.Memo(size=64)
 #: What in a model (built likewise) draws random numbers in its forward (`reference.random_draws`).
 _DRAWN: reference.Memo[list[str]] = reference.Memo(size=64)
+#: Which params of a model (built likewise, on the cell's batches) only some ranks' rows reach (`rank_divergent`).
+_DIVERGENT: reference.Memo[list[str]] = reference.Memo(size=64)
 
 
 def resumed_states(record: RankRecord, rng: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
@@ -360,6 +362,14 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     coupled = [] if record.syncs_norms else _COUPLED.get(built, lambda: reference.coupled_modules(bare()[0]))
     record.draws_random = _DRAWN.get(built, lambda: reference.random_draws(
         *bare(), rows_of(batches[0], 0, cell.world_size)))
+    record.rank_divergent = _DIVERGENT.get(reference.digest(built, cell.world_size), lambda: reference.rank_divergent(
+        *bare(), batches, cell.world_size)) if cell.world_size > 1 else []
+    if record.rank_divergent:
+        shown = f"{', '.join(record.rank_divergent[:4])}{' ...' if len(record.rank_divergent) > 4 else ''}"
+        record.notes.append(f"rank-divergent: in one step some ranks' rows reach params that others' do not ({shown}): "
+                            "DDP needs find_unused_parameters, and stacks that reduce only the grads a rank produced "
+                            "(FSDP2, ZeRO-1/2/3) pair them across ranks; the reference runs the whole batch, as a "
+                            "correct run averages them")
     if record.draws_random:
         record.unreplayed = unreplayable(record.steps, cell.world_size, cell.hyper.batch_per_rank)
     replays = bool(record.draws_random) and record.unreplayed is None
