@@ -75,12 +75,17 @@ def cells_by_plugin(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, A
 def test_fsdp2_mixes_the_experts_grads_silently_and_the_dense_recipe_trains_right(run_matrix, monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     _, report = run_matrix("--freeze-matrix-builtin", "--freeze-matrix-select=framework=torch,plugin=fsdp2,"
-                           "init=eager,checkpoint=none,clip=clip,freeze=rank-divergent,freeze=rank-divergent-dense")
+                           "plugin=fsdp2-reduce-unused,init=eager,checkpoint=none,clip=clip,freeze=rank-divergent,"
+                           "freeze=rank-divergent-dense")
     cells = cells_by_plugin(report)
     mixed = cells[("fsdp2", "rank-divergent")]
     assert (mixed["status"], mixed["severity"], mixed["check"]) == ("fail", "silent", "grads")
     assert mixed["known_issue"]["id"] == "torch-fsdp2-rank-divergent-grads-mixed"
+    assert any("rank-divergent: in one step some ranks' rows reach" in note for note in mixed["notes"])
     assert cells[("fsdp2", "rank-divergent-dense")]["status"] == "pass"
+    # FSDP2's own opt-in (zero grads for what a rank did not reach) trains the very cell right
+    assert (cells[("fsdp2-reduce-unused", "rank-divergent")]["status"],
+            cells[("fsdp2-reduce-unused", "rank-divergent")]["severity"]) == ("pass", "ok")
 
 
 def test_the_params_only_some_ranks_rows_reach_are_found_from_the_model_itself():

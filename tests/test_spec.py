@@ -32,7 +32,8 @@ def test_default_matrix_loads_with_the_torch_row():
     loaded = spec.load()
     assert "torch" in loaded.frameworks
     torch_row = loaded.frameworks["torch"]
-    assert torch_row.axes["plugin"] == ("ddp", "ddp-find-unused", "fsdp1", "fsdp1-orig-params", "fsdp2")
+    assert torch_row.axes["plugin"] == ("ddp", "ddp-find-unused", "fsdp1", "fsdp1-orig-params", "fsdp2",
+                                        "fsdp2-reduce-unused")
     assert set(loaded.patterns) >= {"none", "embedding", "decoder", "output", "all-but-last", "bias-only", "lora",
                                     "unused-branch", "optimizer-subset", "all"}
     assert loaded.environments["torch"].install[0] == "torch==2.13.0"

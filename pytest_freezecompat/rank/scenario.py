@@ -363,7 +363,7 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     record.draws_random = _DRAWN.get(built, lambda: reference.random_draws(
         *bare(), rows_of(batches[0], 0, cell.world_size)))
     record.rank_divergent = _DIVERGENT.get(reference.digest(built, cell.world_size), lambda: reference.rank_divergent(
-        *bare(), batches, cell.world_size)) if cell.world_size > 1 else []
+        *bare(), batches, cell.world_size)) if cell.world_size > 1 and not own else []
     if record.rank_divergent:
         shown = f"{', '.join(record.rank_divergent[:4])}{' ...' if len(record.rank_divergent) > 4 else ''}"
         record.notes.append(f"rank-divergent: in one step some ranks' rows reach params that others' do not ({shown}): "

@@ -268,10 +268,14 @@ def _fsdp1(ctx: RunContext, model: nn.Module, plan: FreezePlan, orig_params: boo
     return saves(ctx, wrapped, FSDP1View(wrapped, optimizer), optimizer, "returned by FSDP.clip_grad_norm_")
 
 
-def _fsdp2(ctx: RunContext, model: nn.Module, plan: FreezePlan) -> _Loop:
+def _fsdp2(ctx: RunContext, model: nn.Module, plan: FreezePlan, reduce_unused: bool = False) -> _Loop:
+    """`reduce_unused`: `set_reduce_scatter_unused_params(True)` on every unit, FSDP2's opt-in for params some ranks'
+    forwards do not reach (zero grads join the reduce-scatter; in torch 2.13.0, absent in 2.9.0)."""
     for block in models.block_modules(model):
         fully_shard(block)
     wrapped = fully_shard(model)
+    if reduce_unused:
+        wrapped.set_reduce_scatter_unused_params(True)
     if ctx.cell.key.init == "meta":  # allocate the local shards, then fill each from the deterministic init
         wrapped.to_empty(device=ctx.device)
         _meta_init(ctx, wrapped).all(wrapped)
@@ -287,6 +291,7 @@ WRAP: dict[str, Callable[[RunContext, nn.Module, FreezePlan], _Loop]] = {
     "fsdp1": functools.partial(_fsdp1, orig_params=False),
     "fsdp1-orig-params": functools.partial(_fsdp1, orig_params=True),
     "fsdp2": _fsdp2,
+    "fsdp2-reduce-unused": functools.partial(_fsdp2, reduce_unused=True),
 }
 
 
