@@ -351,7 +351,13 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
             model_and_loss = adapter.reference_model(cell)
             assert model_and_loss is not None
             return model_and_loss
-        return hold_as(_construct(cell, "cpu", initialize=False), record.dtypes), loss
+        model = _construct(cell, "cpu", initialize=False)
+        # A model that holds its own low-precision params runs as the stack's build held them (`deepspeed.zero.Init`
+        # builds it in its config's dtype); an fp32 model's cast is the cell's precision, which the mixed reference
+        # follows.
+        if dtypes.own_low_precision(dtypes_of(model.named_parameters())):
+            hold_as(model, record.dtypes)
+        return model, loss
 
     # Everything a reference reads but the values: which model (and loss) `bare` builds, and how it trains. A model
     # whose rows are coupled (plain BatchNorm in train mode) is replayed as data parallelism runs it: each rank's rows
