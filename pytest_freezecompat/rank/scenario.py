@@ -309,6 +309,17 @@ _DRAWN: reference.Memo[list[str]] = reference.Memo(size=64)
 _DIVERGENT: reference.Memo[list[str]] = reference.Memo(size=64)
 
 
+def _rank_divergent(bare: Callable[[], tuple[nn.Module, LossOf]], batches: list[Batch], world_size: int,
+                    notes: list[str]) -> list[str]:
+    """`reference.rank_divergent` on a fresh model; a model whose every param cannot take a grad alone (a layer that
+    refuses one) is said in a note, not an error of the cell: the names are information, no check reads them."""
+    try:
+        return reference.rank_divergent(*bare(), batches, world_size)
+    except Exception as exc:  # a user's model may raise anything outside its training setup
+        notes.append(f"rank-divergent params not looked for: {type(exc).__name__}: {headline(str(exc))}")
+        return []
+
+
 def resumed_states(record: RankRecord, rng: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
     """The generator states the round trip's run drew from, by step: the uninterrupted run's up to the save, the
     resumed run's after it; None where nothing is replayed, where they are the uninterrupted run's (the stack
@@ -368,8 +379,8 @@ def _reference(cell: Cell, adapter: Adapter, plan: FreezePlan, initial: dict[str
     coupled = [] if record.syncs_norms else _COUPLED.get(built, lambda: reference.coupled_modules(bare()[0]))
     record.draws_random = _DRAWN.get(built, lambda: reference.random_draws(
         *bare(), rows_of(batches[0], 0, cell.world_size)))
-    record.rank_divergent = _DIVERGENT.get(reference.digest(built, cell.world_size), lambda: reference.rank_divergent(
-        *bare(), batches, cell.world_size)) if cell.world_size > 1 and not own else []
+    record.rank_divergent = _DIVERGENT.get(reference.digest(built, cell.world_size), lambda: _rank_divergent(
+        bare, batches, cell.world_size, record.notes)) if cell.world_size > 1 and not own else []
     if record.rank_divergent:
         shown = f"{', '.join(record.rank_divergent[:4])}{' ...' if len(record.rank_divergent) > 4 else ''}"
         record.notes.append(f"rank-divergent: in one step some ranks' rows reach params that others' do not ({shown}): "
